@@ -1,0 +1,149 @@
+"""The public Python surface: LLM, SamplingParams, SpecConfig.
+
+    from speclm import LLM, SamplingParams, SpecConfig
+    llm = LLM()                                   # embedded Qwen2.5-Coder pair
+    out = llm.generate("def fib(n):", SamplingParams(max_new_tokens=64),
+                       SpecConfig(method="sd-draft", k=4))
+    print(out.text, out.summary.acceptance_rate)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .backends.base import Backend
+from .errors import InvalidRequestError, TokenizerMismatchError
+from .metrics import GenerationResult
+from .sampling import SamplingParams
+from .spec.loop import generate as run_loop
+from .spec.proposers.base import Proposer
+from .spec.proposers.draft_model import DraftModelProposer
+from .spec.proposers.ngram import NgramProposer
+
+METHODS = ("ar", "sd-draft", "sd-ngram")
+MAX_K = 32
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How to speculate. method: "ar" (plain decoding), "sd-draft" (draft
+    model), "sd-ngram" (prompt lookup). k: draft tokens per round."""
+
+    method: str = "sd-draft"
+    k: int = 4
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InvalidRequestError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
+        if self.method != "ar" and (not isinstance(self.k, int) or not 1 <= self.k <= MAX_K):
+            raise InvalidRequestError(f"K must be an integer in [1, {MAX_K}] for {self.method}, got {self.k!r}")
+
+    @property
+    def effective_k(self) -> int:
+        return 0 if self.method == "ar" else self.k
+
+
+def load_backend(model: str | Backend, n_ctx: int = 4096, n_threads: int | None = None) -> Backend:
+    """A Backend from a registered model name, a GGUF path, or a Backend as is."""
+    if isinstance(model, Backend):
+        return model
+    from .backends.llamacpp import LlamaCppBackend
+    from .models.store import resolve_model
+    return LlamaCppBackend(resolve_model(model), n_ctx=n_ctx, n_threads=n_threads)
+
+
+def check_tokenizers(target: Backend, draft: Backend) -> None:
+    """Raise TokenizerMismatchError unless every id both vocabularies hold
+    decodes to the same bytes (ids beyond the shared range never match the
+    target and are simply rejected)."""
+    shared = min(target.vocab_size, draft.vocab_size)
+    if shared < 0.9 * max(target.vocab_size, draft.vocab_size):
+        raise TokenizerMismatchError(
+            f"draft {draft.name} has {draft.vocab_size} tokens, target {target.name} has "
+            f"{target.vocab_size}: they are different tokenizers; pick a draft from the target's family")
+    for tid in range(shared):
+        a, b = target.token_bytes(tid), draft.token_bytes(tid)
+        if a != b:
+            raise TokenizerMismatchError(
+                f"draft {draft.name} and target {target.name} disagree on token id {tid} "
+                f"({b!r} vs {a!r}): they use different tokenizers; pick a draft from the target's family")
+
+
+class LLM:
+    """A target model and (lazily) a draft model, generating losslessly."""
+
+    def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
+                 n_ctx: int = 4096, n_threads: int | None = None):
+        from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+        self._n_ctx, self._n_threads = n_ctx, n_threads
+        self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads)
+        self._draft_spec = draft if draft is not None else (DEFAULT_DRAFT if target is None else None)
+        self._draft: Backend | None = None
+
+    @property
+    def draft(self) -> Backend:
+        """The draft backend, loaded and checked against the target on first use."""
+        if self._draft is None:
+            if self._draft_spec is None:
+                raise InvalidRequestError("method sd-draft needs a draft model: pass draft=NAME|PATH (--draft)")
+            backend = load_backend(self._draft_spec, self._n_ctx, self._n_threads)
+            check_tokenizers(self.target, backend)
+            self._draft = backend
+        return self._draft
+
+    def proposer(self, spec: SpecConfig) -> Proposer | None:
+        if spec.method == "sd-draft":
+            return DraftModelProposer(self.draft)
+        if spec.method == "sd-ngram":
+            return NgramProposer(spec.ngram_min, spec.ngram_max)
+        return None
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        if isinstance(prompt, list):
+            return prompt
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InvalidRequestError("the prompt is empty: give some text to continue")
+        if chat:
+            text = self.target.apply_chat_template([{"role": "user", "content": prompt}])
+            return self.target.tokenize(text, add_special=False)
+        return self.target.tokenize(prompt, add_special=True)
+
+    def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
+                 spec: SpecConfig | None = None, chat: bool = False,
+                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+        """Generate a continuation of prompt (text or token ids)."""
+        params = params or SamplingParams()
+        spec = spec or SpecConfig()
+        prompt_ids = self.encode(prompt, chat)
+        proposer = self.proposer(spec)
+        try:
+            return run_loop(self.target, proposer, prompt_ids, params, spec.effective_k,
+                            method=spec.method, on_text=on_text)
+        finally:
+            if proposer is not None:
+                proposer.close()
+
+    def warmup(self, spec: SpecConfig | None = None) -> None:
+        """Run one tiny forward on each model a method uses, so the first timed
+        request does not pay for page faults of a freshly mapped file."""
+        backends = [self.target] + ([self.draft] if spec and spec.method == "sd-draft" else [])
+        for backend in backends:
+            seq = backend.new_sequence()
+            try:
+                backend.score(seq, [0, 0])
+            finally:
+                backend.free(seq)
+
+    def close(self) -> None:
+        self.target.close()
+        if self._draft is not None:
+            self._draft.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

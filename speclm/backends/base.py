@@ -1,0 +1,72 @@
+"""The small interface every backend implements.
+
+A backend owns one model and a KV memory holding several sequences. A
+sequence is an integer id; its KV holds a list of tokens the backend tracks.
+The speculative loop only ever calls these methods, so it never knows whether
+it drives llama.cpp or the exact toy model.
+
+Contracts:
+- `score(seq, tokens)` appends `tokens` to `seq` and returns float32 logits of
+  shape (len(tokens), vocab): row i is the next-token logits after tokens[i].
+  It is ONE forward pass over the block.
+- `prefill(seq, tokens)` is `score` returning only the last row.
+- `rollback(seq, n)` keeps the first n tokens; O(1) bookkeeping, no recompute.
+- `fork(seq)` returns a new sequence sharing seq's tokens (KV copied/shared).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+
+class Backend(ABC):
+    """One model + its tokenizer + a multi-sequence KV memory."""
+
+    name: str  # a human-readable model identity (file path or toy name)
+    vocab_size: int
+    n_ctx: int  # max tokens one sequence can hold
+    eos_ids: frozenset[int]  # tokens that end generation (EOS, EOT, chat end)
+    bos_id: int | None
+
+    # ---- tokenizer -------------------------------------------------------
+    @abstractmethod
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+
+    @abstractmethod
+    def token_bytes(self, token: int) -> bytes:
+        """The raw bytes a token decodes to (may be part of a UTF-8 char)."""
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """Render chat messages into a prompt string with the model's template."""
+        raise NotImplementedError(f"{self.name} has no chat template")
+
+    # ---- sequences -------------------------------------------------------
+    @abstractmethod
+    def new_sequence(self) -> int: ...
+
+    @abstractmethod
+    def score(self, seq: int, tokens: list[int]) -> np.ndarray: ...
+
+    def prefill(self, seq: int, tokens: list[int]) -> np.ndarray:
+        return self.score(seq, tokens)[-1]
+
+    @abstractmethod
+    def rollback(self, seq: int, n_tokens: int) -> None: ...
+
+    @abstractmethod
+    def fork(self, seq: int) -> int: ...
+
+    @abstractmethod
+    def free(self, seq: int) -> None: ...
+
+    @abstractmethod
+    def tokens(self, seq: int) -> list[int]:
+        """The tokens currently held in seq's KV (a copy)."""
+
+    def close(self) -> None:
+        """Release the model. Safe to call twice."""

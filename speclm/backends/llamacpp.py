@@ -1,0 +1,197 @@
+"""llama.cpp backend through llama-cpp-python's low-level (ctypes) API.
+
+One model, one context with a unified multi-sequence KV memory. `score`
+submits one batch with logits requested for every position; rollback is
+`llama_memory_seq_rm`, fork is `llama_memory_seq_cp` (no recompute).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendError, InvalidRequestError, ModelError
+from .base import Backend
+
+try:
+    import llama_cpp as L
+except ImportError as exc:  # pragma: no cover - install problem
+    raise ModelError("llama-cpp-python is not installed: run `pip install speclm`") from exc
+
+
+@L.llama_log_callback
+def _quiet_log(level, text, user_data):  # llama.cpp logs a lot to stderr; keep only errors
+    if level == 4 or os.environ.get("SPECLM_LLAMA_LOG"):  # 4 = GGML_LOG_LEVEL_ERROR
+        os.write(2, text)
+
+
+_initialised = False
+
+
+def _init_once() -> None:
+    global _initialised
+    if not _initialised:
+        L.llama_log_set(_quiet_log, ctypes.c_void_p())
+        L.llama_backend_init()
+        _initialised = True
+
+
+class LlamaCppBackend(Backend):
+    """A GGUF model run by llama.cpp on the CPU."""
+
+    def __init__(self, path: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
+                 n_seq_max: int = 4):
+        _init_once()
+        self.path = Path(path)
+        self.name = str(self.path)
+        mparams = L.llama_model_default_params()
+        self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise ModelError(f"llama.cpp could not load {self.path}: the file is not a valid GGUF "
+                             f"model (check it with `speclm models verify`)")
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.vocab_size = int(L.llama_vocab_n_tokens(self._vocab))
+        n_train = int(L.llama_model_n_ctx_train(self._model))
+        if not isinstance(n_ctx, int) or n_ctx < 16:
+            raise InvalidRequestError(f"n_ctx must be an integer >= 16, got {n_ctx!r}")
+        self.n_ctx = min(n_ctx, n_train) if n_train > 0 else n_ctx
+        self.n_threads = n_threads or os.cpu_count() or 1
+        cparams = L.llama_context_default_params()
+        cparams.n_ctx = self.n_ctx
+        cparams.n_batch = self.n_ctx
+        cparams.n_ubatch = min(512, self.n_ctx)
+        cparams.n_seq_max = n_seq_max
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.kv_unified = True
+        cparams.no_perf = True
+        self._ctx = L.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            L.llama_model_free(self._model)
+            self._model = None
+            raise BackendError(f"llama.cpp could not create a context for {self.path} (n_ctx={self.n_ctx})")
+        self._mem = L.llama_get_memory(self._ctx)
+        self._batch = L.llama_batch_init(self.n_ctx, 0, 1)
+        self._free_ids = list(range(n_seq_max))
+        self._held: dict[int, list[int]] = {}
+        self._pieces: dict[int, bytes] = {}
+        bos = int(L.llama_vocab_bos(self._vocab))
+        self.bos_id = bos if bos >= 0 else None
+        self.eos_ids = frozenset(t for t in range(self.vocab_size) if L.llama_vocab_is_eog(self._vocab, t))
+
+    # ---- tokenizer -----------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (L.llama_token * cap)()
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)
+        if n < 0:
+            raise BackendError(f"tokenizer failed on a {len(data)}-byte text")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(256)
+            n = L.llama_token_to_piece(self._vocab, token, buf, 256, 0, False)
+            piece = buf.raw[:max(n, 0)]
+            self._pieces[token] = piece
+        return piece
+
+    def token_text(self, token: int) -> bytes:
+        """The vocabulary entry itself (special tokens included)."""
+        return L.llama_vocab_get_text(self._vocab, token) or b""
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        from .chat_template import render_chat
+        raw = L.llama_model_chat_template(self._model, None)
+        if not raw:
+            raise InvalidRequestError(f"{self.path.name} has no chat template: drop --chat")
+        return render_chat(raw.decode("utf-8"), messages, self._special_text(self.bos_id),
+                           self._special_text(int(L.llama_vocab_eos(self._vocab))))
+
+    def _special_text(self, token: int | None) -> str:
+        return "" if token is None or token < 0 else self.token_text(token).decode("utf-8", "replace")
+
+    # ---- sequences -----------------------------------------------------
+    def new_sequence(self) -> int:
+        if not self._free_ids:
+            raise BackendError(f"all {len(self._held)} KV sequences of {self.path.name} are in use")
+        sid = self._free_ids.pop(0)
+        L.llama_memory_seq_rm(self._mem, sid, 0, -1)
+        self._held[sid] = []
+        return sid
+
+    def score(self, seq: int, tokens: list[int]) -> np.ndarray:
+        return self._decode(seq, tokens, all_logits=True)
+
+    def prefill(self, seq: int, tokens: list[int]) -> np.ndarray:
+        return self._decode(seq, tokens, all_logits=False)[-1]
+
+    def _decode(self, seq: int, tokens: list[int], all_logits: bool) -> np.ndarray:
+        held = self._held[seq]
+        n = len(tokens)
+        if n == 0:
+            raise BackendError("score called with no tokens")
+        if len(held) + n > self.n_ctx:
+            raise InvalidRequestError(f"sequence would hold {len(held) + n} tokens; the context holds {self.n_ctx}")
+        b = self._batch
+        start = len(held)
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = start + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = 1 if (all_logits or i == n - 1) else 0
+        b.n_tokens = n
+        rc = L.llama_decode(self._ctx, b)
+        if rc != 0:
+            L.llama_memory_seq_rm(self._mem, seq, start, -1)
+            raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}")
+        held.extend(int(t) for t in tokens)
+        n_out = n if all_logits else 1
+        ptr = L.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
+
+    def rollback(self, seq: int, n_tokens: int) -> None:
+        held = self._held[seq]
+        if n_tokens < len(held):
+            L.llama_memory_seq_rm(self._mem, seq, n_tokens, -1)
+            del held[n_tokens:]
+
+    def fork(self, seq: int) -> int:
+        sid = self.new_sequence()
+        L.llama_memory_seq_cp(self._mem, seq, sid, -1, -1)
+        self._held[sid] = list(self._held[seq])
+        return sid
+
+    def free(self, seq: int) -> None:
+        if seq in self._held:
+            L.llama_memory_seq_rm(self._mem, seq, 0, -1)
+            del self._held[seq]
+            self._free_ids.append(seq)
+
+    def tokens(self, seq: int) -> list[int]:
+        return list(self._held[seq])
+
+    @property
+    def live_sequences(self) -> int:
+        return len(self._held)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            L.llama_batch_free(self._batch)
+            L.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            L.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

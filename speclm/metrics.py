@@ -1,0 +1,130 @@
+"""Per-round trace and the metric definitions of the design note (§2).
+
+One definition each, used by the CLI, the API, bench and the server:
+- acceptance rate            = Σ a_r / Σ K_r
+- mean acceptance length     = Σ (a_r + 1) / rounds   (tokens per target forward)
+- per-position acceptance[j] = #(a_r ≥ j) / #(K_r ≥ j), j = 1..max K
+- accepted progress per ms   = emitted tokens / wall ms
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RoundRecord:
+    """One draft → score → accept → resample round."""
+
+    proposed: int  # K_r
+    accepted: int  # a_r
+    draft_ms: float
+    verify_ms: float
+    other_ms: float
+
+    @property
+    def emitted(self) -> int:
+        return self.accepted + 1
+
+    @property
+    def rejection_position(self) -> int | None:
+        """1-based position of the first rejected draft token, None if all accepted."""
+        return self.accepted + 1 if self.accepted < self.proposed else None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["emitted"] = self.emitted
+        d["rejection_position"] = self.rejection_position
+        return d
+
+
+@dataclass
+class Summary:
+    rounds: int
+    proposed: int
+    accepted: int
+    output_tokens: int
+    acceptance_rate: float | None  # None when nothing was proposed (AR)
+    mean_acceptance_length: float | None
+    per_position_acceptance: list[float]
+    wall_ms: float
+    ttft_ms: float | None
+    tpot_ms: float | None
+    tokens_per_s: float
+    accepted_progress_per_ms: float
+    prefill_ms: float  # target forward over prompt[:-1], before round 1
+    draft_ms: float
+    verify_ms: float
+    other_ms: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def per_position_acceptance(rounds: list[RoundRecord]) -> list[float]:
+    max_k = max((r.proposed for r in rounds), default=0)
+    out = []
+    for j in range(1, max_k + 1):
+        eligible = [r for r in rounds if r.proposed >= j]
+        out.append(sum(r.accepted >= j for r in eligible) / len(eligible))
+    return out
+
+
+def summarize(rounds: list[RoundRecord], output_tokens: int, wall_ms: float,
+              ttft_ms: float | None, prefill_ms: float = 0.0) -> Summary:
+    """Aggregate a request's rounds. `output_tokens` counts tokens actually
+    emitted to the user (a stop can cut a round's tail)."""
+    proposed = sum(r.proposed for r in rounds)
+    accepted = sum(r.accepted for r in rounds)
+    n = len(rounds)
+    tpot = None
+    if ttft_ms is not None and output_tokens > 1:
+        tpot = (wall_ms - ttft_ms) / (output_tokens - 1)
+    return Summary(
+        rounds=n,
+        proposed=proposed,
+        accepted=accepted,
+        output_tokens=output_tokens,
+        acceptance_rate=accepted / proposed if proposed else None,
+        mean_acceptance_length=sum(r.emitted for r in rounds) / n if n else None,
+        per_position_acceptance=per_position_acceptance(rounds),
+        wall_ms=wall_ms,
+        ttft_ms=ttft_ms,
+        tpot_ms=tpot,
+        tokens_per_s=1000.0 * output_tokens / wall_ms if wall_ms > 0 else 0.0,
+        accepted_progress_per_ms=output_tokens / wall_ms if wall_ms > 0 else 0.0,
+        prefill_ms=prefill_ms,
+        draft_ms=sum(r.draft_ms for r in rounds),
+        verify_ms=sum(r.verify_ms for r in rounds),
+        other_ms=sum(r.other_ms for r in rounds),
+    )
+
+
+@dataclass
+class GenerationResult:
+    """What one request produced, with its trace and summary."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or stop string) | "length"
+    prompt_tokens: int
+    method: str
+    k: int
+    rounds: list[RoundRecord] = field(default_factory=list)
+    summary: Summary | None = None
+    target: str = ""
+    draft: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "method": self.method,
+            "k": self.k,
+            "target": self.target,
+            "draft": self.draft,
+            "metrics": self.summary.to_dict() if self.summary else None,
+            "rounds": [r.to_dict() for r in self.rounds],
+        }

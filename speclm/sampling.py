@@ -1,0 +1,129 @@
+"""Sampling parameters and the logits processor.
+
+Contract: `target_probs(logits, params)` returns THE distribution the request
+samples from (temperature, top-k, top-p, min-p applied, renormalised). Plain
+decoding samples from it; speculative decoding accepts and resamples against
+it. Both call this one function, so the two can never disagree on what "the
+target distribution" is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidRequestError
+
+# A nucleus almost always lives among the few hundred most likely tokens; look
+# there first (argpartition, O(V)) and fall back to a full sort only if not.
+_NUCLEUS_PROBE = 512
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target distribution is derived from the model's logits.
+
+    temperature == 0 means greedy (argmax). top_k == 0 and top_p == 1.0 and
+    min_p == 0.0 disable those filters. `seed` makes a run reproducible.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        validate_sampling(self)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def validate_sampling(p: SamplingParams) -> None:
+    """Raise InvalidRequestError naming the bad field and its valid range."""
+    if not isinstance(p.temperature, (int, float)) or not math.isfinite(p.temperature) or p.temperature < 0:
+        raise InvalidRequestError(f"temperature must be a finite number >= 0 (0 = greedy), got {p.temperature!r}")
+    if not isinstance(p.top_k, int) or p.top_k < 0:
+        raise InvalidRequestError(f"top_k must be an integer >= 0 (0 = disabled), got {p.top_k!r}")
+    if not isinstance(p.top_p, (int, float)) or not (0.0 < p.top_p <= 1.0):
+        raise InvalidRequestError(f"top_p must be in (0, 1] (1 = disabled), got {p.top_p!r}")
+    if not isinstance(p.min_p, (int, float)) or not (0.0 <= p.min_p < 1.0):
+        raise InvalidRequestError(f"min_p must be in [0, 1) (0 = disabled), got {p.min_p!r}")
+    if not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 1:
+        raise InvalidRequestError(f"max_new_tokens must be an integer >= 1, got {p.max_new_tokens!r}")
+    if p.seed is not None and (not isinstance(p.seed, int) or p.seed < 0):
+        raise InvalidRequestError(f"seed must be a non-negative integer, got {p.seed!r}")
+    if any(not isinstance(s, str) or s == "" for s in p.stop):
+        raise InvalidRequestError(f"stop strings must be non-empty strings, got {p.stop!r}")
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 softmax of a 1-D logit vector."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max()
+    np.exp(x, out=x)
+    x /= x.sum()
+    return x
+
+
+def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The processed next-token distribution (float64, sums to 1).
+
+    Greedy returns the one-hot vector at argmax (first index on ties, the same
+    rule `np.argmax` uses everywhere in speclm).
+    """
+    logits = np.asarray(logits)
+    if params.greedy:
+        p = np.zeros(logits.shape[-1], dtype=np.float64)
+        p[int(np.argmax(logits))] = 1.0
+        return p
+    p = softmax(logits.astype(np.float64) / params.temperature)
+    if params.top_k and params.top_k < p.size:
+        _keep_top_k(p, params.top_k)
+    if params.top_p < 1.0:
+        _keep_top_p(p, params.top_p)
+    if params.min_p > 0.0:
+        p[p < params.min_p * p.max()] = 0.0
+    p /= p.sum()
+    return p
+
+
+def _keep_top_k(p: np.ndarray, k: int) -> None:
+    """Zero all but the k most likely tokens (ties at the boundary: lower ids win)."""
+    order = np.lexsort((np.arange(p.size), -p))  # by prob desc, then id asc
+    p[order[k:]] = 0.0
+
+
+def _keep_top_p(p: np.ndarray, top_p: float) -> None:
+    """Keep the smallest most-likely set whose mass reaches top_p (in place)."""
+    total = p.sum()
+    n = min(_NUCLEUS_PROBE, p.size)
+    cand = np.argpartition(-p, n - 1)[:n] if n < p.size else np.arange(p.size)
+    order = cand[np.lexsort((cand, -p[cand]))]
+    cum = np.cumsum(p[order])
+    if cum[-1] < top_p * total and n < p.size:
+        order = np.lexsort((np.arange(p.size), -p))
+        cum = np.cumsum(p[order])
+    cut = int(np.searchsorted(cum, top_p * total, side="left")) + 1
+    keep = order[:cut]
+    mask = np.zeros(p.size, dtype=bool)
+    mask[keep] = True
+    p[~mask] = 0.0
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from distribution p by inverse CDF (one uniform)."""
+    cdf = np.cumsum(p)
+    u = rng.random() * cdf[-1]
+    return int(min(np.searchsorted(cdf, u, side="right"), p.size - 1))

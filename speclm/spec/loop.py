@@ -1,0 +1,168 @@
+"""The speculative decoding loop: draft → score → accept → resample → iterate.
+
+Each stage is one function below. Invariant between rounds: the target's KV
+holds `context[:-1]`; the last context token is "pending" and is scored as the
+first row of the next block, so every round is exactly one target forward.
+With no proposer (K = 0) the same loop is plain autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..backends.base import Backend
+from ..errors import InvalidRequestError
+from ..metrics import GenerationResult, RoundRecord, summarize
+from ..sampling import SamplingParams, sample, target_probs
+from ..stops import StopChecker
+from .proposers.base import Draft, Proposer
+
+
+# ---- 1. draft ------------------------------------------------------------
+def draft(proposer: Proposer | None, context: list[int], k: int,
+          params: SamplingParams, rng: np.random.Generator) -> Draft:
+    """Up to k draft tokens with the exact q each was drawn from."""
+    if proposer is None or k <= 0:
+        return Draft()
+    d = proposer.propose(context, k, params, rng)
+    del d.tokens[k:], d.q[k:]
+    return d
+
+
+# ---- 2. score ------------------------------------------------------------
+def score(target: Backend, seq: int, pending: int, d: Draft,
+          params: SamplingParams) -> list[np.ndarray]:
+    """ONE target forward over [pending, d1..dK]; returns the processed target
+    distributions p_1..p_{K+1} (the request's sampling applied)."""
+    logits = target.score(seq, [pending, *d.tokens])
+    return [target_probs(row, params) for row in logits]
+
+
+# ---- 3. accept -----------------------------------------------------------
+def accept(d: Draft, p: list[np.ndarray], params: SamplingParams,
+           rng: np.random.Generator) -> int:
+    """Length of the accepted prefix: d_i is kept with prob min(1, p_i(d_i)/q_i(d_i))
+    (greedy: iff d_i is the argmax of p_i)."""
+    for i, tok in enumerate(d.tokens):
+        p_tok = p[i][tok] if tok < p[i].size else 0.0
+        if params.greedy:
+            if tok != int(np.argmax(p[i])):
+                return i
+            continue
+        q_tok = 1.0 if d.q[i] is None else float(d.q[i][tok])
+        if not rng.random() * q_tok < p_tok:
+            return i
+    return len(d.tokens)
+
+
+# ---- 4. resample ---------------------------------------------------------
+def resample(p: np.ndarray, q: np.ndarray | None, rejected: int | None,
+             params: SamplingParams, rng: np.random.Generator) -> int:
+    """The round's last token. After a rejection of `rejected` drawn from q:
+    a sample of norm(max(0, p - q)); after a full acceptance (rejected None):
+    a bonus sample of p."""
+    if params.greedy:
+        return int(np.argmax(p))
+    if rejected is None:
+        return sample(p, rng)
+    if q is None:  # deterministic proposer: q is one-hot at the rejected token
+        residual = p.copy()
+        residual[rejected] = 0.0
+    else:
+        residual = np.maximum(p - _fit(q, p.size), 0.0)
+    mass = residual.sum()
+    # mass == 0 only when p == q, where a rejection has probability zero.
+    return sample(residual / mass if mass > 0 else p, rng)
+
+
+def _fit(q: np.ndarray, size: int) -> np.ndarray:
+    """q over the target's vocabulary (a draft vocab may be padded differently)."""
+    if q.size == size:
+        return q
+    return q[:size] if q.size > size else np.pad(q, (0, size - q.size))
+
+
+# ---- 5. iterate ----------------------------------------------------------
+def iterate(target: Backend, seq: int, context: list[int], d: Draft,
+            n_accepted: int, last_token: int) -> None:
+    """Advance to the accepted state: roll the target KV back to context[:-1]
+    + pending + accepted drafts (O(1)) and append the new tokens to context."""
+    target.rollback(seq, len(context) + n_accepted)
+    context.extend(d.tokens[:n_accepted])
+    context.append(last_token)
+
+
+# ---- the loop --------------------------------------------------------------
+def generate(target: Backend, proposer: Proposer | None, prompt_ids: list[int],
+             params: SamplingParams, k: int, method: str = "sd",
+             on_text: Callable[[str], None] | None = None,
+             eos_ids: frozenset[int] | None = None) -> GenerationResult:
+    """Generate from prompt_ids; the output distribution is the target's.
+
+    k is the draft length per round (k = 0 or no proposer: plain decoding).
+    `on_text` receives final text as soon as it is known (streaming).
+    """
+    check_request(target, prompt_ids, k)
+    rng = np.random.default_rng(params.seed)
+    stops = StopChecker(target, params, eos_ids)
+    rounds: list[RoundRecord] = []
+    context = list(prompt_ids)
+    seq = target.new_sequence()
+    t_start = time.perf_counter()
+    ttft_ms = None
+    try:
+        if len(context) > 1:
+            target.prefill(seq, context[:-1])
+        prefill_ms = (time.perf_counter() - t_start) * 1000
+        while not stops.finished:
+            room = target.n_ctx - len(context)
+            if room <= 0:
+                _emit(stops.finish_length(), on_text)
+                break
+            k_r = max(0, min(k, stops.remaining - 1, room - 1))
+            t0 = time.perf_counter()
+            d = draft(proposer, context, k_r, params, rng)
+            t1 = time.perf_counter()
+            p = score(target, seq, context[-1], d, params)
+            t2 = time.perf_counter()
+            a = accept(d, p, params, rng)
+            last = resample(p[a], d.q[a] if a < len(d) else None,
+                            d.tokens[a] if a < len(d) else None, params, rng)
+            iterate(target, seq, context, d, a, last)
+            for tok in (*d.tokens[:a], last):
+                _emit(stops.push(tok), on_text)
+                if stops.finished:
+                    break
+            t3 = time.perf_counter()
+            if ttft_ms is None:
+                ttft_ms = (t3 - t_start) * 1000
+            rounds.append(RoundRecord(proposed=len(d), accepted=a, draft_ms=(t1 - t0) * 1000,
+                                      verify_ms=(t2 - t1) * 1000, other_ms=(t3 - t2) * 1000))
+    finally:
+        target.free(seq)
+    wall_ms = (time.perf_counter() - t_start) * 1000
+    return GenerationResult(
+        text=stops.text, token_ids=stops.token_ids, finish_reason=stops.finished or "length",
+        prompt_tokens=len(prompt_ids), method=method, k=k, rounds=rounds,
+        summary=summarize(rounds, len(stops.token_ids), wall_ms, ttft_ms, prefill_ms),
+        target=target.name, draft=None if proposer is None else proposer.name)
+
+
+def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:
+    """Reject requests the loop cannot serve, with the fix in the message."""
+    if not prompt_ids:
+        raise InvalidRequestError("the prompt is empty: give at least one token of text")
+    if len(prompt_ids) >= target.n_ctx:
+        raise InvalidRequestError(
+            f"the prompt is {len(prompt_ids)} tokens but the context holds {target.n_ctx}: "
+            f"shorten the prompt or raise n_ctx (--n-ctx)")
+    if not isinstance(k, int) or k < 0:
+        raise InvalidRequestError(f"K (draft length) must be an integer >= 0, got {k!r}")
+
+
+def _emit(text: str, on_text: Callable[[str], None] | None) -> None:
+    if text and on_text is not None:
+        on_text(text)

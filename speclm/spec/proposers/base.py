@@ -1,0 +1,39 @@
+"""What a proposer returns, and the interface every proposer implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    """A drafted block and, per token, the distribution it was drawn from.
+
+    q[i] is the exact distribution d[i] was sampled from, or None when the
+    proposer is deterministic for that token (one-hot q at d[i]).
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    q: list[np.ndarray | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Proposer(ABC):
+    """Drafts up to k tokens continuing `context`. Never touches the target."""
+
+    name: str
+
+    @abstractmethod
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        """Return at most k tokens (possibly none) continuing context."""
+
+    def close(self) -> None:
+        """Release resources (KV sequences, models). Safe to call twice."""
