@@ -114,9 +114,11 @@ class LLM:
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
                  spec: SpecConfig | None = None, chat: bool = False,
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:
-        """Generate a continuation of prompt (text or token ids)."""
+        """Generate a continuation of prompt (text or token ids).
+
+        spec None: sd-draft when the LLM has a draft model, else plain decoding."""
         params = params or SamplingParams()
-        spec = spec or SpecConfig()
+        spec = spec or SpecConfig(method="sd-draft" if self._draft_spec is not None else "ar")
         prompt_ids = self.encode(prompt, chat)
         proposer = self.proposer(spec)
         try:

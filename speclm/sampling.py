@@ -111,11 +111,12 @@ def _keep_top_p(p: np.ndarray, top_p: float) -> None:
     n = min(_NUCLEUS_PROBE, p.size)
     cand = np.argpartition(-p, n - 1)[:n] if n < p.size else np.arange(p.size)
     order = cand[np.lexsort((cand, -p[cand]))]
+    need = top_p * total * (1 - 1e-12)  # tolerate float rounding in the running sum
     cum = np.cumsum(p[order])
-    if cum[-1] < top_p * total and n < p.size:
+    if cum[-1] < need and n < p.size:
         order = np.lexsort((np.arange(p.size), -p))
         cum = np.cumsum(p[order])
-    cut = int(np.searchsorted(cum, top_p * total, side="left")) + 1
+    cut = int(np.searchsorted(cum, need, side="left")) + 1
     keep = order[:cut]
     mask = np.zeros(p.size, dtype=bool)
     mask[keep] = True

@@ -1,0 +1,65 @@
+"""Stops: max_new_tokens, EOS, stop strings. Nothing after a stop is emitted,
+even when a speculative round accepted tokens past it."""
+
+from __future__ import annotations
+
+import pytest
+
+from speclm.backends.toy import ToyBackend
+from speclm.sampling import SamplingParams
+from speclm.spec import loop
+from speclm.spec.proposers.ngram import NgramProposer
+
+
+def _plain_text(target, prompt, n):
+    return loop.generate(target, None, prompt, SamplingParams(max_new_tokens=n), 0)
+
+
+@pytest.mark.parametrize("k", [0, 3, 8])
+def test_max_new_tokens_is_exact_even_mid_round(k):
+    target = ToyBackend(6, seed=5)
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]
+    for n in (1, 2, 5, 13):
+        res = loop.generate(target, NgramProposer(1, 3), prompt, SamplingParams(max_new_tokens=n), k)
+        assert len(res.token_ids) == n and res.finish_reason == "length"
+        assert res.token_ids == _plain_text(target, prompt, n).token_ids
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_stop_string_cuts_text_and_nothing_after_it_is_emitted(k):
+    target = ToyBackend(6, seed=5)
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]
+    full = _plain_text(target, prompt, 30).text
+    stop = full[7:9]
+    first = full.find(stop)
+    streamed: list[str] = []
+    res = loop.generate(target, NgramProposer(1, 3), prompt,
+                        SamplingParams(max_new_tokens=30, stop=(stop,)), k, on_text=streamed.append)
+    assert res.finish_reason == "stop"
+    assert res.text == full[:first]
+    assert "".join(streamed) == res.text
+    assert len(res.token_ids) == first + len(stop)  # the token that completed the stop, none after
+
+
+@pytest.mark.parametrize("seed", [16, 19])  # seeds whose greedy text reaches EOS after 6 / 4 tokens
+def test_eos_ends_generation_and_is_not_emitted(seed):
+    target = ToyBackend(6, seed=seed, eos_id=5)
+    ignoring = loop.generate(target, None, [0, 1, 2], SamplingParams(max_new_tokens=50, ignore_eos=True), 0)
+    cut = ignoring.token_ids.index(5)
+    for k in (0, 2, 8):
+        res = loop.generate(target, NgramProposer(1, 3), [0, 1, 2], SamplingParams(max_new_tokens=50), k)
+        assert res.finish_reason == "stop" and res.token_ids == ignoring.token_ids[:cut]
+
+
+def test_context_full_ends_with_length():
+    target = ToyBackend(6, seed=5, n_ctx=20)
+    res = loop.generate(target, NgramProposer(1, 3), [0, 1, 2], SamplingParams(max_new_tokens=100), 4)
+    assert res.finish_reason == "length" and len(res.token_ids) + 3 == 20
+
+
+def test_streamed_text_holds_back_incomplete_utf8(smollm):
+    pieces: list[str] = []
+    res = smollm.generate("Write the word café three times:", SamplingParams(max_new_tokens=24),
+                          on_text=pieces.append)
+    assert "".join(pieces) == res.text
+    assert "\ufffd" not in "".join(pieces)
