@@ -9,17 +9,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from .backends.base import Backend
 from .errors import InvalidRequestError, TokenizerMismatchError
 from .metrics import GenerationResult
-from .sampling import SamplingParams
+from .sampling import SamplingParams, is_int
 from .spec.loop import generate as run_loop
 from .spec.proposers.base import Proposer
 from .spec.proposers.draft_model import DraftModelProposer
-from .spec.proposers.ngram import NgramProposer
+from .spec.proposers.ngram import NgramProposer, check_ngram_sizes
 
 METHODS = ("ar", "sd-draft", "sd-ngram")
 MAX_K = 32
@@ -38,8 +40,10 @@ class SpecConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise InvalidRequestError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
-        if self.method != "ar" and (not isinstance(self.k, int) or not 1 <= self.k <= MAX_K):
+        if self.method != "ar" and (not is_int(self.k) or not 1 <= self.k <= MAX_K):
             raise InvalidRequestError(f"K must be an integer in [1, {MAX_K}] for {self.method}, got {self.k!r}")
+        if self.method == "sd-ngram":
+            check_ngram_sizes(self.ngram_min, self.ngram_max)
 
     @property
     def effective_k(self) -> int:
@@ -101,10 +105,14 @@ class LLM:
             return NgramProposer(spec.ngram_min, spec.ngram_max)
         return None
 
-    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
-        if isinstance(prompt, list):
-            return prompt
-        if not isinstance(prompt, str) or not prompt.strip():
+    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        """Token ids for a text prompt (or a sequence of ids, passed through)."""
+        if isinstance(prompt, (list, tuple, np.ndarray)):
+            return [int(t) if isinstance(t, np.integer) else t for t in prompt]
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(
+                f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+        if not prompt.strip():
             raise InvalidRequestError("the prompt is empty: give some text to continue")
         if chat:
             text = self.target.apply_chat_template([{"role": "user", "content": prompt}])

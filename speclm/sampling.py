@@ -39,10 +39,14 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
+        if self.stop is None:
+            object.__setattr__(self, "stop", ())
+        elif isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             object.__setattr__(self, "stop", tuple(self.stop))
+        else:
+            raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r}")
         validate_sampling(self)
 
     @property
@@ -54,18 +58,23 @@ def validate_sampling(p: SamplingParams) -> None:
     """Raise InvalidRequestError naming the bad field and its valid range."""
     if not isinstance(p.temperature, (int, float)) or not math.isfinite(p.temperature) or p.temperature < 0:
         raise InvalidRequestError(f"temperature must be a finite number >= 0 (0 = greedy), got {p.temperature!r}")
-    if not isinstance(p.top_k, int) or p.top_k < 0:
+    if not is_int(p.top_k) or p.top_k < 0:
         raise InvalidRequestError(f"top_k must be an integer >= 0 (0 = disabled), got {p.top_k!r}")
     if not isinstance(p.top_p, (int, float)) or not (0.0 < p.top_p <= 1.0):
         raise InvalidRequestError(f"top_p must be in (0, 1] (1 = disabled), got {p.top_p!r}")
     if not isinstance(p.min_p, (int, float)) or not (0.0 <= p.min_p < 1.0):
         raise InvalidRequestError(f"min_p must be in [0, 1) (0 = disabled), got {p.min_p!r}")
-    if not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 1:
+    if not is_int(p.max_new_tokens) or p.max_new_tokens < 1:
         raise InvalidRequestError(f"max_new_tokens must be an integer >= 1, got {p.max_new_tokens!r}")
-    if p.seed is not None and (not isinstance(p.seed, int) or p.seed < 0):
+    if p.seed is not None and (not is_int(p.seed) or p.seed < 0):
         raise InvalidRequestError(f"seed must be a non-negative integer, got {p.seed!r}")
     if any(not isinstance(s, str) or s == "" for s in p.stop):
         raise InvalidRequestError(f"stop strings must be non-empty strings, got {p.stop!r}")
+
+
+def is_int(x: object) -> bool:
+    """An int that is not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

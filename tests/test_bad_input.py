@@ -126,17 +126,12 @@ def no_llama_context(monkeypatch):
     monkeypatch.setattr(llamacpp.L, "llama_init_from_model", refuse)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: n_threads (--threads) is never validated; it goes straight to "
-                   "llama.cpp (-1 silently accepted, 10000 hangs, 50000 aborts in libgomp, 100000 segfaults)")
 @pytest.mark.parametrize("n_threads", [-1, 100_000, 2.5])
 def test_bad_n_threads(no_llama_context, n_threads):
     with pytest.raises(InvalidRequestError, match=r"n_threads|--threads"):
         LLM(target=SMOL, n_threads=n_threads)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: out-of-vocabulary / non-int token ids are not validated by "
-                   "check_request; llama.cpp rejects them as an opaque BackendError "
-                   "('llama_decode failed with code -1') or ctypes raises a TypeError")
 @pytest.mark.parametrize("bad_ids", [[1, 10**6], [-1], [1, "a"]], ids=["too-large", "negative", "not-int"])
 def test_token_ids_outside_vocab(llm, bad_ids):
     with pytest.raises(InvalidRequestError) as err:
@@ -154,8 +149,6 @@ def test_failed_request_leaves_the_engine_usable(llm):
     assert len(out.token_ids) == 2 and llm.target.live_sequences == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: LLM.encode reports any non-str, non-list prompt "
-                   "(a tuple or numpy array of token ids) as 'the prompt is empty'")
 @pytest.mark.parametrize("prompt", [(1, 2, 3), np.array([1, 2, 3])], ids=["tuple", "ndarray"])
 def test_prompt_of_wrong_type_is_not_called_empty(llm, prompt):
     try:
@@ -201,9 +194,9 @@ def test_ar_ignores_k(llm, k):
 
 @pytest.mark.parametrize("lo,hi", [(0, 2), (3, 2), (-1, 4), (2, 65)])
 def test_bad_ngram_sizes(llm, lo, hi):
-    with pytest.raises(InvalidRequestError, match=r"n-gram sizes must satisfy 1 <= min_n <= max_n <= 64") as err:
+    with pytest.raises(InvalidRequestError, match=r"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 64") as err:
         llm.generate("def add(a, b):", TINY, SpecConfig(method="sd-ngram", ngram_min=lo, ngram_max=hi))
-    assert f"min_n={lo}" in str(err.value) and f"max_n={hi}" in str(err.value)
+    assert f"got {lo}..{hi}" in str(err.value)
     assert llm.target.live_sequences == 0
 
 
@@ -240,8 +233,6 @@ def test_sampling_edge_values_accepted(kwargs):
     assert isinstance(p.stop, tuple)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: SamplingParams(stop=None) raises a bare TypeError "
-                   "('NoneType' object is not iterable) instead of meaning 'no stops' or InvalidRequestError")
 def test_stop_none():
     try:
         assert SamplingParams(stop=None).stop == ()
@@ -399,7 +390,7 @@ def test_truncated_local_gguf_is_a_model_error(tmp_path, smol_path, keep):
     with pytest.raises(ModelError) as err:
         LLM(target=str(path), n_threads=1)
     msg = one_line(err.value)
-    assert f"llama.cpp could not load {path}" in msg and "not a valid GGUF model" in msg
+    assert f"llama.cpp could not load {path}" in msg and "corrupt, incomplete" in msg
 
 
 def test_tampered_local_gguf_is_not_hashed_by_design(tmp_path, smol_path):
@@ -410,8 +401,6 @@ def test_tampered_local_gguf_is_not_hashed_by_design(tmp_path, smol_path):
     assert store.sha256_file(path) != REGISTRY[SMOL].sha256
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the load-failure message hides llama.cpp's reason (it only goes "
-                   "to the raw log) and its fix `speclm models verify` rejects a local path as 'unknown model'")
 def test_truncated_local_gguf_message_names_cause_and_a_working_fix(truncated_local, capsys):
     from speclm.cli import main
 

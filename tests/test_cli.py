@@ -193,11 +193,9 @@ def test_bad_n_ctx(capfd):
 def test_bad_ngram_sizes(capfd):
     code, out, err = run(["generate", PROMPT, *FAST, "--method", "sd-ngram", "--ngram-min", "5",
                           "--ngram-max", "2"], capfd)
-    assert_one_line_error(code, out, err, "n-gram sizes must satisfy", "min_n=5", "max_n=2")
+    assert_one_line_error(code, out, err, "n-gram sizes must satisfy", "got 5..2")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: llama.cpp's own error log lines reach stderr (fd 2) next to "
-                   "the `speclm: error:` line when a GGUF fails to load")
 def test_truncated_gguf_path_is_one_line(capfd, tmp_path):
     src = store.resolve_model(SMOL)
     path = tmp_path / "half.gguf"
@@ -207,7 +205,6 @@ def test_truncated_gguf_path_is_one_line(capfd, tmp_path):
     assert_one_line_error(code, out, err, f"could not load {path}")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --threads is not validated; 100000 segfaults the process")
 def test_absurd_thread_count(capfd, monkeypatch):
     from speclm.backends import llamacpp
 
@@ -241,8 +238,6 @@ def test_models_list_shows_the_three_names(capfd):
     assert "ready" in out and "NAME" in out
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: `speclm models list` piped or in an 80-column terminal "
-                   "truncates model names and paths with an ellipsis (rich table, no no_wrap/fold)")
 def test_models_list_names_survive_80_columns(capfd, monkeypatch):
     monkeypatch.setenv("COLUMNS", "80")
     code, out, err = run(["models", "list"], capfd)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +23,22 @@ except ImportError as exc:  # pragma: no cover - install problem
     raise ModelError("llama-cpp-python is not installed: run `pip install speclm`") from exc
 
 
+MAX_THREADS = 512  # ggml's limit
+_recent_errors: deque[str] = deque(maxlen=8)
+
+
 @L.llama_log_callback
-def _quiet_log(level, text, user_data):  # llama.cpp logs a lot to stderr; keep only errors
-    if level == 4 or os.environ.get("SPECLM_LLAMA_LOG"):  # 4 = GGML_LOG_LEVEL_ERROR
+def _capture_log(level, text, user_data):
+    """Keep llama.cpp's error lines for our own messages; echo its whole log
+    only when SPECLM_LLAMA_LOG is set (it is chatty and would break one-line errors)."""
+    if level == 4:  # GGML_LOG_LEVEL_ERROR
+        _recent_errors.append(text.decode("utf-8", "replace").strip())
+    if os.environ.get("SPECLM_LLAMA_LOG"):
         os.write(2, text)
+
+
+def _last_error() -> str:
+    return next((line for line in reversed(_recent_errors) if line), "no reason given")
 
 
 _initialised = False
@@ -34,7 +47,7 @@ _initialised = False
 def _init_once() -> None:
     global _initialised
     if not _initialised:
-        L.llama_log_set(_quiet_log, ctypes.c_void_p())
+        L.llama_log_set(_capture_log, ctypes.c_void_p())
         L.llama_backend_init()
         _initialised = True
 
@@ -44,19 +57,25 @@ class LlamaCppBackend(Backend):
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
                  n_seq_max: int = 4):
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                                      or not 1 <= n_threads <= MAX_THREADS):
+            raise InvalidRequestError(f"n_threads must be an integer in [1, {MAX_THREADS}] (--threads), "
+                                      f"got {n_threads!r}")
+        if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 16:
+            raise InvalidRequestError(f"n_ctx must be an integer >= 16 (--n-ctx), got {n_ctx!r}")
         _init_once()
         self.path = Path(path)
         self.name = str(self.path)
         mparams = L.llama_model_default_params()
+        _recent_errors.clear()
         self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            raise ModelError(f"llama.cpp could not load {self.path}: the file is not a valid GGUF "
-                             f"model (check it with `speclm models verify`)")
+            raise ModelError(f"llama.cpp could not load {self.path}: {_last_error()}; the file is corrupt, "
+                             f"incomplete or not a supported GGUF model: re-download or re-convert it "
+                             f"(registered models: `speclm models verify NAME --repair`)")
         self._vocab = L.llama_model_get_vocab(self._model)
         self.vocab_size = int(L.llama_vocab_n_tokens(self._vocab))
         n_train = int(L.llama_model_n_ctx_train(self._model))
-        if not isinstance(n_ctx, int) or n_ctx < 16:
-            raise InvalidRequestError(f"n_ctx must be an integer >= 16, got {n_ctx!r}")
         self.n_ctx = min(n_ctx, n_train) if n_train > 0 else n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
         cparams = L.llama_context_default_params()
@@ -150,7 +169,8 @@ class LlamaCppBackend(Backend):
         rc = L.llama_decode(self._ctx, b)
         if rc != 0:
             L.llama_memory_seq_rm(self._mem, seq, start, -1)
-            raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}")
+            raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}: "
+                               f"{_last_error()}")
         held.extend(int(t) for t in tokens)
         n_out = n if all_logits else 1
         ptr = L.llama_get_logits(self._ctx)

@@ -7,6 +7,7 @@ problems are raised as ModelError for the main CLI to print as one line.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from speclm.errors import ModelError
@@ -36,15 +37,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     """Print a table of registered models (name, role, state, path, size)."""
     header = ("NAME", "ROLE", "STATE", "PATH", "SIZE")
     rows = _rows()
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:
+    if not sys.stdout.isatty():  # piped: plain columns, never truncated, grep-able
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         return 0
-    table = Table(*header)
+    from rich.console import Console
+    from rich.table import Table
+    table = Table()
+    for col in header:
+        table.add_column(col, no_wrap=col != "PATH", overflow="fold")
     for row in rows:
         table.add_row(*row)
     Console().print(table)
@@ -61,6 +63,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Fully hash each model; print OK/FAILED (REPAIRED with --repair). 1 if any still failed."""
     names = args.names or list(REGISTRY)
     for name in names:
+        if name not in REGISTRY and (name.endswith(".gguf") or "/" in name):
+            raise ModelError(f"{name} is a local file: verify checks registered models against their known "
+                             f"sha256; a local file has none — re-download or re-convert it if it fails to load")
         get_spec(name)  # a typo is a usage error: fail before hashing anything
     failed = 0
     for name in names:

@@ -155,6 +155,10 @@ def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:
     """Reject requests the loop cannot serve, with the fix in the message."""
     if not prompt_ids:
         raise InvalidRequestError("the prompt is empty: give at least one token of text")
+    for i, tok in enumerate(prompt_ids):
+        if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= tok < target.vocab_size:
+            raise InvalidRequestError(
+                f"prompt token ids must be integers in [0, {target.vocab_size}), got {tok!r} at position {i}")
     if len(prompt_ids) >= target.n_ctx:
         raise InvalidRequestError(
             f"the prompt is {len(prompt_ids)} tokens but the context holds {target.n_ctx}: "

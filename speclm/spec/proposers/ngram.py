@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import InvalidRequestError
-from ...sampling import SamplingParams
+from ...sampling import SamplingParams, is_int
 from .base import Draft, Proposer
 
 
@@ -28,13 +28,18 @@ def find_continuation(context: list[int], k: int, min_n: int, max_n: int) -> lis
     return []
 
 
+def check_ngram_sizes(min_n: int, max_n: int) -> None:
+    if not (is_int(min_n) and is_int(max_n) and 1 <= min_n <= max_n <= 64):
+        raise InvalidRequestError(
+            f"n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 64 (--ngram-min/--ngram-max), "
+            f"got {min_n!r}..{max_n!r}")
+
+
 class NgramProposer(Proposer):
     """Prompt lookup over prompt + output so far."""
 
     def __init__(self, min_n: int = 2, max_n: int = 4):
-        if not (isinstance(min_n, int) and isinstance(max_n, int) and 1 <= min_n <= max_n <= 64):
-            raise InvalidRequestError(
-                f"n-gram sizes must satisfy 1 <= min_n <= max_n <= 64, got min_n={min_n}, max_n={max_n}")
+        check_ngram_sizes(min_n, max_n)
         self.min_n, self.max_n = min_n, max_n
         self.name = f"ngram[{min_n}..{max_n}]"
 
