@@ -4,8 +4,11 @@ Two checks (design note §1, "batch numerics"):
 (a) self-consistency: every emitted token is the argmax of the verification
     pass's logits at its position — exact on every backend;
 (b) identity with plain decoding on the same backend — exact on the toy
-    backend; on llama.cpp measured, and any divergence must sit at a near-tie
-    of plain decoding's logits (margin below NEAR_TIE), never a real disagreement.
+    backend and on SmolLM2 (its block forward is measured bit-identical to
+    single steps); on the Qwen target blocks of 4+ tokens differ from single
+    steps by up to ~0.6 logits (measured by `batch_noise`), so there a
+    divergence is allowed only where plain decoding's top-1/top-2 margin is
+    below twice that measured noise — a near-tie, never a real disagreement.
 """
 
 from __future__ import annotations
@@ -16,11 +19,9 @@ import pytest
 from speclm import SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.spec import loop
-from speclm.spec.identity import compare_greedy
+from speclm.spec.identity import batch_noise, compare_greedy
 from speclm.spec.proposers.draft_model import DraftModelProposer
 from speclm.spec.proposers.ngram import NgramProposer
-
-NEAR_TIE = 0.05  # logits; a divergence at a larger AR top-1/top-2 margin is a bug
 
 CODE_PROMPTS = [
     "def fibonacci(n):",
@@ -78,26 +79,33 @@ def test_smollm2_ngram_greedy_is_self_consistent_and_equals_plain(smollm, monkey
     sd = smollm.generate(ids, params, SpecConfig(method="sd-ngram", k=k, ngram_min=1, ngram_max=3))
     monkeypatch.undo()
     assert_self_consistent(calls, sd, ids)
-    report = compare_greedy(smollm.target, ids, ar.token_ids, sd.token_ids)
-    if not report.identical:  # allowed only at a numerical near-tie; reported either way
-        print("divergence:", report.describe())
-        assert report.ar_top2_margin is not None and report.ar_top2_margin < NEAR_TIE, report.describe()
+    assert batch_noise(smollm.target, ids, ar.token_ids[: k + 1]) == 0.0  # batch-invariant here ...
+    assert sd.token_ids == ar.token_ids  # ... so identity must be exact
+
+
+@pytest.fixture(scope="module")
+def qwen_pair():
+    from speclm import LLM
+    llm = LLM()
+    yield llm
+    llm.close()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [2, 4])
-def test_qwen_pair_draft_model_greedy_matches_plain(k, monkeypatch):
-    from speclm import LLM
-    with LLM() as llm:
-        for prompt in CODE_PROMPTS[:3]:
-            ids = llm.encode(prompt)
-            params = SamplingParams(max_new_tokens=48)
-            ar = llm.generate(ids, params, SpecConfig(method="ar"))
-            calls = _record_scores(monkeypatch, llm.target)
-            sd = llm.generate(ids, params, SpecConfig(method="sd-draft", k=k))
-            monkeypatch.undo()
-            assert_self_consistent(calls, sd, ids)
-            report = compare_greedy(llm.target, ids, ar.token_ids, sd.token_ids)
-            print(f"K={k} {prompt[:24]!r}: {report.describe()}")
-            if not report.identical:
-                assert report.ar_top2_margin < NEAR_TIE, report.describe()
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("prompt", CODE_PROMPTS[:3])
+def test_qwen_pair_draft_model_greedy_matches_plain(qwen_pair, monkeypatch, k, prompt):
+    llm = qwen_pair
+    ids = llm.encode(prompt)
+    params = SamplingParams(max_new_tokens=64)
+    ar = llm.generate(ids, params, SpecConfig(method="ar"))
+    calls = _record_scores(monkeypatch, llm.target)
+    sd = llm.generate(ids, params, SpecConfig(method="sd-draft", k=k))
+    monkeypatch.undo()
+    assert_self_consistent(calls, sd, ids)
+    report = compare_greedy(llm.target, ids, ar.token_ids, sd.token_ids)
+    print(f"K={k} {prompt[:24]!r}: {report.describe()}")
+    if not report.identical:
+        pos = report.first_divergence
+        noise = batch_noise(llm.target, ids + ar.token_ids[:max(0, pos - k)], ar.token_ids[max(0, pos - k): pos + 1])
+        assert report.ar_top2_margin < 2 * noise, f"{report.describe()}; batch noise {noise:.3f}"

@@ -21,7 +21,7 @@ from .stats import empirical_check, exact_distribution, support_size, total_vari
 
 VOCAB = 4
 N_TOKENS = 3
-N_SAMPLES = 6000
+N_SAMPLES = 8000
 PROMPT = [0, 1, 2, 0, 1]  # repeats itself, so the n-gram proposer finds matches
 
 
@@ -33,16 +33,24 @@ def make_unlike_draft() -> ToyBackend:
     return ToyBackend(VOCAB, seed=99, order=1, sharpness=2.5)
 
 
-def sample_first_tokens(proposer_factory, params_kw: dict, k: int, n: int = N_SAMPLES) -> list[tuple[int, ...]]:
+def sample_first_tokens(proposer_factory, params_kw: dict, k: int, n: int = N_SAMPLES,
+                        paths: dict | None = None) -> list[tuple[int, ...]]:
+    """n generations; each runs long enough for a full K-token first round
+    (max_new_tokens = K + 2), and its first N_TOKENS tokens are kept.
+    `paths` (optional) counts accepted and rejected draft tokens."""
     target = make_target()
     out = []
     for i in range(n):
-        params = SamplingParams(max_new_tokens=N_TOKENS, seed=i, **params_kw)
+        params = SamplingParams(max_new_tokens=max(N_TOKENS, k + 2), seed=i, **params_kw)
         proposer = proposer_factory()
         res = loop.generate(target, proposer, PROMPT, params, k)
         if proposer is not None:
             proposer.close()
-        out.append(tuple(res.token_ids))
+        out.append(tuple(res.token_ids[:N_TOKENS]))
+        if paths is not None:
+            paths["accepted"] += res.summary.accepted
+            paths["rejected"] += sum(r.rejection_position is not None for r in res.rounds)
+            paths["full_k_rounds"] += sum(r.proposed == k for r in res.rounds)
     return out
 
 
@@ -76,9 +84,13 @@ def test_speculative_output_matches_target_distribution(setting, proposer):
     factory, k = PROPOSERS[proposer]
     params_kw = SETTINGS[setting]
     exact = exact_distribution(make_target(), PROMPT, SamplingParams(**params_kw), N_TOKENS)
-    samples = sample_first_tokens(factory, params_kw, k)
+    paths = {"accepted": 0, "rejected": 0, "full_k_rounds": 0}
+    samples = sample_first_tokens(factory, params_kw, k, paths=paths)
     tv, bound = empirical_check(samples, exact)
     assert tv < bound, f"TV {tv:.4f} exceeds the sample-size bound {bound:.4f}"
+    # the case really exercised acceptance, rejection/resampling and full K-token rounds
+    assert paths["accepted"] > N_SAMPLES // 20 and paths["rejected"] > N_SAMPLES // 20, paths
+    assert paths["full_k_rounds"] > N_SAMPLES // 20, paths
 
 
 def test_plain_decoding_matches_target_distribution():

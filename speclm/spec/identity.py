@@ -56,3 +56,19 @@ def compare_greedy(target: Backend, prompt_ids: list[int], ar_ids: list[int],
         target.free(seq)
     return IdentityReport(identical=False, compared_tokens=n, first_divergence=pos,
                           ar_token=ar_ids[pos], sd_token=sd_ids[pos], ar_top2_margin=top2_margin(logits))
+
+
+def batch_noise(backend: Backend, context: list[int], block: list[int]) -> float:
+    """Max |logit| difference between scoring `block` after `context` in one
+    forward and scoring it one token at a time: the backend's batch numerics.
+    A greedy divergence at an AR margin below twice this is numerics, not a bug."""
+    rows = []
+    for one_pass in (True, False):
+        seq = backend.new_sequence()
+        try:
+            backend.prefill(seq, context)
+            rows.append(backend.score(seq, block) if one_pass
+                        else np.stack([backend.score(seq, [t])[0] for t in block]))
+        finally:
+            backend.free(seq)
+    return float(np.abs(rows[0] - rows[1]).max())
