@@ -50,13 +50,14 @@ class SpecConfig:
         return 0 if self.method == "ar" else self.k
 
 
-def load_backend(model: str | Backend, n_ctx: int = 4096, n_threads: int | None = None) -> Backend:
+def load_backend(model: str | Backend, n_ctx: int = 4096, n_threads: int | None = None,
+                 max_sequences: int = 4) -> Backend:
     """A Backend from a registered model name, a GGUF path, or a Backend as is."""
     if isinstance(model, Backend):
         return model
     from .backends.llamacpp import LlamaCppBackend
     from .models.store import resolve_model
-    return LlamaCppBackend(resolve_model(model), n_ctx=n_ctx, n_threads=n_threads)
+    return LlamaCppBackend(resolve_model(model), n_ctx=n_ctx, n_threads=n_threads, n_seq_max=max_sequences)
 
 
 def check_tokenizers(target: Backend, draft: Backend) -> None:
@@ -80,10 +81,11 @@ class LLM:
     """A target model and (lazily) a draft model, generating losslessly."""
 
     def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
-                 n_ctx: int = 4096, n_threads: int | None = None):
+                 n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2):
+        """n_ctx: tokens per sequence; max_sequences: requests in flight at once."""
         from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-        self._n_ctx, self._n_threads = n_ctx, n_threads
-        self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads)
+        self._n_ctx, self._n_threads, self._max_seqs = n_ctx, n_threads, max_sequences
+        self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences)
         self._draft_spec = draft if draft is not None else (DEFAULT_DRAFT if target is None else None)
         self._draft: Backend | None = None
 
@@ -93,7 +95,7 @@ class LLM:
         if self._draft is None:
             if self._draft_spec is None:
                 raise InvalidRequestError("method sd-draft needs a draft model: pass draft=NAME|PATH (--draft)")
-            backend = load_backend(self._draft_spec, self._n_ctx, self._n_threads)
+            backend = load_backend(self._draft_spec, self._n_ctx, self._n_threads, self._max_seqs)
             check_tokenizers(self.target, backend)
             self._draft = backend
         return self._draft
@@ -128,13 +130,8 @@ class LLM:
         params = params or SamplingParams()
         spec = spec or SpecConfig(method="sd-draft" if self._draft_spec is not None else "ar")
         prompt_ids = self.encode(prompt, chat)
-        proposer = self.proposer(spec)
-        try:
-            return run_loop(self.target, proposer, prompt_ids, params, spec.effective_k,
-                            method=spec.method, on_text=on_text)
-        finally:
-            if proposer is not None:
-                proposer.close()
+        return run_loop(self.target, self.proposer(spec), prompt_ids, params, spec.effective_k,
+                        method=spec.method, on_text=on_text)
 
     def warmup(self, spec: SpecConfig | None = None) -> None:
         """Run one tiny forward on each model a method uses, so the first timed

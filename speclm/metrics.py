@@ -21,6 +21,7 @@ class RoundRecord:
     draft_ms: float
     verify_ms: float
     other_ms: float
+    note: str | None = None  # why this K was chosen (adaptive controllers)
 
     @property
     def emitted(self) -> int:

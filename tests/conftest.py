@@ -9,6 +9,6 @@ import pytest
 def smollm():
     """An LLM over the embedded SmolLM2-135M (no draft)."""
     from speclm import LLM
-    llm = LLM(target="smollm2-135m")
+    llm = LLM(target="smollm2-135m", max_sequences=4)
     yield llm
     llm.close()

@@ -78,8 +78,11 @@ class LlamaCppBackend(Backend):
         n_train = int(L.llama_model_n_ctx_train(self._model))
         self.n_ctx = min(n_ctx, n_train) if n_train > 0 else n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
+        if not isinstance(n_seq_max, int) or not 1 <= n_seq_max <= 64:
+            raise InvalidRequestError(f"the number of sequences must be in [1, 64], got {n_seq_max!r}")
         cparams = L.llama_context_default_params()
-        cparams.n_ctx = self.n_ctx
+        # One KV pool shared by all sequences; room for every sequence to be full.
+        cparams.n_ctx = self.n_ctx * n_seq_max
         cparams.n_batch = self.n_ctx
         cparams.n_ubatch = min(512, self.n_ctx)
         cparams.n_seq_max = n_seq_max

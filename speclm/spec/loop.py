@@ -96,59 +96,123 @@ def iterate(target: Backend, seq: int, context: list[int], d: Draft,
 
 
 # ---- the loop --------------------------------------------------------------
+class Generation:
+    """One request's state across rounds. `step()` runs one full round
+    (draft → score → accept → resample → iterate); a scheduler may interleave
+    the steps of many Generations on one backend. Owns its KV sequence and
+    its proposer; `close()` releases both (idempotent).
+
+    `controller`, if given, picks each round's K (0 = a plain decoding step)
+    through `choose(k_max) -> (k, note)` and learns from `observe(record)`.
+    """
+
+    def __init__(self, target: Backend, proposer: Proposer | None, prompt_ids: list[int],
+                 params: SamplingParams, k: int, method: str = "sd",
+                 on_text: Callable[[str], None] | None = None,
+                 eos_ids: frozenset[int] | None = None, controller=None):
+        check_request(target, prompt_ids, k)
+        self.target, self.proposer, self.params, self.k = target, proposer, params, k
+        self.method, self.on_text, self.controller = method, on_text, controller
+        self.prompt_ids = list(prompt_ids)
+        self.context = list(prompt_ids)
+        self.rng = np.random.default_rng(params.seed)
+        self.stops = StopChecker(target, params, eos_ids)
+        self.rounds: list[RoundRecord] = []
+        self.seq: int | None = None
+        self.t_start = time.perf_counter()
+        self.t_end: float | None = None
+        self.prefill_ms = 0.0
+        self.ttft_ms: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.stops.finished is not None
+
+    def _start(self) -> None:
+        self.seq = self.target.new_sequence()
+        if len(self.context) > 1:
+            self.target.prefill(self.seq, self.context[:-1])
+        self.prefill_ms = (time.perf_counter() - self.t_start) * 1000
+
+    def step(self) -> bool:
+        """Run one round; return True once the generation has finished."""
+        if self.finished:
+            return True
+        if self.seq is None:
+            self._start()
+        room = self.target.n_ctx - len(self.context)
+        if room <= 0:
+            self._emit(self.stops.finish_length())
+            return self._done()
+        k_max = max(0, min(self.k, self.stops.remaining - 1, room - 1))
+        k_r, note = self.controller.choose(k_max) if self.controller else (k_max, None)
+        t0 = time.perf_counter()
+        d = draft(self.proposer, self.context, k_r, self.params, self.rng)
+        t1 = time.perf_counter()
+        p = score(self.target, self.seq, self.context[-1], d, self.params)
+        t2 = time.perf_counter()
+        a = accept(d, p, self.params, self.rng)
+        last = resample(p[a], d.q[a] if a < len(d) else None,
+                        d.tokens[a] if a < len(d) else None, self.params, self.rng)
+        iterate(self.target, self.seq, self.context, d, a, last)
+        for tok in (*d.tokens[:a], last):
+            self._emit(self.stops.push(tok))
+            if self.finished:
+                break
+        t3 = time.perf_counter()
+        if self.ttft_ms is None:
+            self.ttft_ms = (t3 - self.t_start) * 1000
+        record = RoundRecord(proposed=len(d), accepted=a, draft_ms=(t1 - t0) * 1000,
+                             verify_ms=(t2 - t1) * 1000, other_ms=(t3 - t2) * 1000, note=note)
+        self.rounds.append(record)
+        if self.controller:
+            self.controller.observe(record)
+        return self._done() if self.finished else False
+
+    def _done(self) -> bool:
+        self.t_end = self.t_end or time.perf_counter()
+        self.close()
+        return True
+
+    def _emit(self, text: str) -> None:
+        if text and self.on_text is not None:
+            self.on_text(text)
+
+    def close(self) -> None:
+        """Free the KV sequence and the proposer; the result stays readable."""
+        if self.seq is not None:
+            self.target.free(self.seq)
+            self.seq = None
+        if self.proposer is not None:
+            self.proposer.close()
+
+    def result(self) -> GenerationResult:
+        end = self.t_end or time.perf_counter()
+        wall_ms = (end - self.t_start) * 1000
+        s = self.stops
+        return GenerationResult(
+            text=s.text, token_ids=list(s.token_ids), finish_reason=s.finished or "cancelled",
+            prompt_tokens=len(self.prompt_ids), method=self.method, k=self.k, rounds=list(self.rounds),
+            summary=summarize(self.rounds, len(s.token_ids), wall_ms, self.ttft_ms, self.prefill_ms),
+            target=self.target.name, draft=None if self.proposer is None else self.proposer.name)
+
+
 def generate(target: Backend, proposer: Proposer | None, prompt_ids: list[int],
              params: SamplingParams, k: int, method: str = "sd",
              on_text: Callable[[str], None] | None = None,
-             eos_ids: frozenset[int] | None = None) -> GenerationResult:
+             eos_ids: frozenset[int] | None = None, controller=None) -> GenerationResult:
     """Generate from prompt_ids; the output distribution is the target's.
 
     k is the draft length per round (k = 0 or no proposer: plain decoding).
     `on_text` receives final text as soon as it is known (streaming).
     """
-    check_request(target, prompt_ids, k)
-    rng = np.random.default_rng(params.seed)
-    stops = StopChecker(target, params, eos_ids)
-    rounds: list[RoundRecord] = []
-    context = list(prompt_ids)
-    seq = target.new_sequence()
-    t_start = time.perf_counter()
-    ttft_ms = None
+    gen = Generation(target, proposer, prompt_ids, params, k, method, on_text, eos_ids, controller)
     try:
-        if len(context) > 1:
-            target.prefill(seq, context[:-1])
-        prefill_ms = (time.perf_counter() - t_start) * 1000
-        while not stops.finished:
-            room = target.n_ctx - len(context)
-            if room <= 0:
-                _emit(stops.finish_length(), on_text)
-                break
-            k_r = max(0, min(k, stops.remaining - 1, room - 1))
-            t0 = time.perf_counter()
-            d = draft(proposer, context, k_r, params, rng)
-            t1 = time.perf_counter()
-            p = score(target, seq, context[-1], d, params)
-            t2 = time.perf_counter()
-            a = accept(d, p, params, rng)
-            last = resample(p[a], d.q[a] if a < len(d) else None,
-                            d.tokens[a] if a < len(d) else None, params, rng)
-            iterate(target, seq, context, d, a, last)
-            for tok in (*d.tokens[:a], last):
-                _emit(stops.push(tok), on_text)
-                if stops.finished:
-                    break
-            t3 = time.perf_counter()
-            if ttft_ms is None:
-                ttft_ms = (t3 - t_start) * 1000
-            rounds.append(RoundRecord(proposed=len(d), accepted=a, draft_ms=(t1 - t0) * 1000,
-                                      verify_ms=(t2 - t1) * 1000, other_ms=(t3 - t2) * 1000))
+        while not gen.step():
+            pass
     finally:
-        target.free(seq)
-    wall_ms = (time.perf_counter() - t_start) * 1000
-    return GenerationResult(
-        text=stops.text, token_ids=stops.token_ids, finish_reason=stops.finished or "length",
-        prompt_tokens=len(prompt_ids), method=method, k=k, rounds=rounds,
-        summary=summarize(rounds, len(stops.token_ids), wall_ms, ttft_ms, prefill_ms),
-        target=target.name, draft=None if proposer is None else proposer.name)
+        gen.close()
+    return gen.result()
 
 
 def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:
@@ -165,8 +229,3 @@ def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:
             f"shorten the prompt or raise n_ctx (--n-ctx)")
     if not isinstance(k, int) or k < 0:
         raise InvalidRequestError(f"K (draft length) must be an integer >= 0, got {k!r}")
-
-
-def _emit(text: str, on_text: Callable[[str], None] | None) -> None:
-    if text and on_text is not None:
-        on_text(text)

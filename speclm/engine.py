@@ -1,0 +1,171 @@
+"""Several requests in flight on one LLM: a scheduler thread interleaves
+their rounds fairly (round-robin, one round each per turn).
+
+    engine = Engine(llm, max_concurrency=8)
+    handle = engine.submit("def f():", SamplingParams(max_new_tokens=32), SpecConfig("sd-ngram"))
+    for text in handle.stream(): print(text, end="")
+    result = handle.result()
+    engine.shutdown()
+
+Submitting beyond max_concurrency queues the request (bounded by
+max_queue; beyond that `EngineFullError`). Cancelling frees the request's
+KV sequence at the scheduler's next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+
+from .api import LLM, SpecConfig
+from .errors import SpeclmError
+from .metrics import GenerationResult
+from .sampling import SamplingParams
+from .spec.loop import Generation
+
+_DONE = object()
+
+
+class EngineFullError(SpeclmError):
+    """Too many requests queued: retry later (HTTP 429)."""
+
+
+class RequestHandle:
+    """A submitted request: stream its text, wait for its result, cancel it."""
+
+    def __init__(self, rid: str, prompt_ids: list[int]):
+        self.id = rid
+        self.prompt_ids = prompt_ids
+        self._deltas: queue.Queue = queue.Queue()
+        self._finished = threading.Event()
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self.cancelled = False
+
+    # called by the scheduler thread
+    def _push(self, text: str) -> None:
+        self._deltas.put(text)
+
+    def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._finished.set()
+        self._deltas.put(_DONE)
+
+    # called by clients
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"request {self.id} did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def stream(self) -> Iterator[str]:
+        """Text deltas as they become final; ends when the request does."""
+        while (item := self._deltas.get()) is not _DONE:
+            yield item
+        if self._error is not None:
+            raise self._error
+
+    async def astream(self) -> AsyncIterator[str]:
+        """`stream()` for asyncio code (the blocking get runs in a thread)."""
+        while (item := await asyncio.to_thread(self._deltas.get)) is not _DONE:
+            yield item
+        if self._error is not None:
+            raise self._error
+
+
+class Engine:
+    """Round-robin scheduler over Generations sharing one LLM."""
+
+    def __init__(self, llm: LLM, max_concurrency: int = 4, max_queue: int = 64, start: bool = True):
+        self.llm = llm
+        self.max_concurrency = max_concurrency
+        self.max_queue = max_queue
+        self._pending: deque[tuple[RequestHandle, Generation]] = deque()
+        self._active: list[tuple[RequestHandle, Generation]] = []
+        self._lock = threading.Condition()
+        self._ids = itertools.count(1)
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="speclm-engine", daemon=True)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the scheduler thread (done by the constructor unless start=False)."""
+        self._thread.start()
+
+    def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
+               spec: SpecConfig | None = None, chat: bool = False) -> RequestHandle:
+        """Validate and enqueue a request; errors in the request raise here."""
+        params = params or SamplingParams()
+        spec = spec or SpecConfig(method="ar")
+        prompt_ids = self.llm.encode(prompt, chat)
+        handle = RequestHandle(f"req-{next(self._ids)}", prompt_ids)
+        gen = Generation(self.llm.target, self.llm.proposer(spec), prompt_ids, params,
+                         spec.effective_k, method=spec.method, on_text=handle._push)
+        with self._lock:
+            if self._stop:
+                gen.close()
+                raise SpeclmError("the engine is shutting down")
+            if len(self._pending) >= self.max_queue:
+                gen.close()
+                raise EngineFullError(f"{len(self._active)} requests running and {len(self._pending)} "
+                                      f"queued (limit {self.max_queue}): retry later")
+            self._pending.append((handle, gen))
+            self._lock.notify()
+        return handle
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(running, queued) request counts."""
+        with self._lock:
+            return len(self._active), len(self._pending)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self._active and not self._pending:
+                    self._lock.wait()
+                if self._stop and not self._active and not self._pending:
+                    return
+                while self._pending and len(self._active) < self.max_concurrency:
+                    self._active.append(self._pending.popleft())
+                batch = list(self._active)
+            for handle, gen in batch:
+                finished = True
+                try:
+                    if handle.cancelled:
+                        gen.close()
+                        handle._finish(gen.result())
+                    elif gen.step():
+                        handle._finish(gen.result())
+                    else:
+                        finished = False
+                except BaseException as exc:  # a failed request must not stop the others
+                    gen.close()
+                    handle._finish(None, exc)
+                if finished:
+                    with self._lock:
+                        self._active.remove((handle, gen))
+
+    def shutdown(self, cancel: bool = False, timeout: float | None = 30.0) -> None:
+        """Stop accepting requests; finish (or cancel) those in flight; join."""
+        with self._lock:
+            self._stop = True
+            if cancel:
+                for handle, _ in [*self._active, *self._pending]:
+                    handle.cancel()
+            self._lock.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)

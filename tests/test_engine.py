@@ -1,0 +1,89 @@
+"""Several requests in flight: each gets exactly the output it would get
+alone, cancellation frees its sequence, and nothing leaks."""
+
+from __future__ import annotations
+
+import pytest
+
+from speclm import LLM, SamplingParams, SpecConfig
+from speclm.backends.toy import ToyBackend
+from speclm.engine import Engine, EngineFullError
+
+
+def _toy_llm():
+    return LLM(target=ToyBackend(6, seed=4, n_ctx=256), draft=ToyBackend(6, seed=8, order=1))
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(method="ar"), SpecConfig(method="sd-ngram", k=3),
+                                  SpecConfig(method="sd-draft", k=2)])
+def test_interleaved_requests_match_their_solo_outputs(spec):
+    llm = _toy_llm()
+    prompts = [[i % 6, (i * 2) % 6, 1] for i in range(8)]
+    params = [SamplingParams(temperature=1.0, seed=i, max_new_tokens=12 + i) for i in range(8)]
+    solo = [llm.generate(p, sp, spec).token_ids for p, sp in zip(prompts, params)]
+    engine = Engine(llm, max_concurrency=4)
+    handles = [engine.submit(p, sp, spec) for p, sp in zip(prompts, params)]
+    results = [h.result(timeout=30) for h in handles]
+    engine.shutdown()
+    assert [r.token_ids for r in results] == solo
+    assert ["".join(h.stream()) for h in handles] == [r.text for r in results]
+    assert llm.target.live_sequences == 0
+
+
+def test_streamed_deltas_concatenate_to_the_text():
+    llm = _toy_llm()
+    engine = Engine(llm)
+    h = engine.submit([0, 1], SamplingParams(max_new_tokens=20), SpecConfig(method="sd-ngram", k=2))
+    assert "".join(h.stream()) == h.result().text
+    engine.shutdown()
+
+
+def test_cancel_before_admission_generates_nothing():
+    llm = _toy_llm()
+    engine = Engine(llm, start=False)
+    h = engine.submit([0, 1], SamplingParams(max_new_tokens=50), SpecConfig(method="sd-draft", k=2))
+    h.cancel()
+    engine.start()
+    res = h.result(timeout=10)
+    assert res.finish_reason == "cancelled" and res.token_ids == []
+    engine.shutdown()
+    assert llm.target.live_sequences == 0 and llm.draft.live_sequences == 0
+
+
+def test_cancel_mid_stream_frees_the_sequence(smollm):
+    engine = Engine(smollm, max_concurrency=2)
+    h = engine.submit("Once upon a time", SamplingParams(max_new_tokens=400, ignore_eos=True),
+                      SpecConfig(method="sd-ngram", k=3))
+    for _ in h.stream():
+        h.cancel()
+    res = h.result(timeout=30)
+    assert res.finish_reason == "cancelled" and len(res.token_ids) < 400
+    engine.shutdown()
+    assert smollm.target.live_sequences == 0
+
+
+def test_queue_limit_is_a_clear_error():
+    llm = _toy_llm()
+    engine = Engine(llm, max_concurrency=1, max_queue=2, start=False)
+    queued = [engine.submit([0], SamplingParams(max_new_tokens=5)) for _ in range(2)]
+    with pytest.raises(EngineFullError, match="retry later"):
+        engine.submit([0], SamplingParams(max_new_tokens=5))
+    engine.start()
+    assert all(len(h.result(timeout=10).token_ids) == 5 for h in queued)
+    engine.shutdown()
+    assert llm.target.live_sequences == 0
+
+
+def test_a_failing_request_does_not_stop_the_others(monkeypatch):
+    llm = _toy_llm()
+    engine = Engine(llm, max_concurrency=2, start=False)
+    bad = engine.submit([0, 1], SamplingParams(max_new_tokens=5))
+    good = engine.submit([1, 2], SamplingParams(max_new_tokens=5))
+    original = bad_gen = engine._pending[0][1]
+    monkeypatch.setattr(bad_gen, "step", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    engine.start()
+    with pytest.raises(RuntimeError, match="boom"):
+        bad.result(timeout=10)
+    assert len(good.result(timeout=10).token_ids) == 5
+    engine.shutdown()
+    assert original.seq is None
