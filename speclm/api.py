@@ -18,32 +18,50 @@ from .backends.base import Backend
 from .errors import InvalidRequestError, TokenizerMismatchError
 from .metrics import GenerationResult
 from .sampling import SamplingParams, is_int
-from .spec.loop import generate as run_loop
+from .spec.controller import CostModel, GoodputController, HeuristicController, calibrate
+from .spec.loop import Generation
 from .spec.proposers.base import Proposer
 from .spec.proposers.draft_model import DraftModelProposer
 from .spec.proposers.ngram import NgramProposer, check_ngram_sizes
 
-METHODS = ("ar", "sd-draft", "sd-ngram")
+METHODS = ("ar", "sd-draft", "sd-ngram", "auto", "heuristic")
+ADAPTIVE = ("auto", "heuristic")
+PROPOSERS = ("draft", "ngram")
 MAX_K = 32
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """How to speculate. method: "ar" (plain decoding), "sd-draft" (draft
-    model), "sd-ngram" (prompt lookup). k: draft tokens per round."""
+    """How to speculate.
+
+    method: "ar" (plain decoding), "sd-draft" (draft model, fixed K),
+    "sd-ngram" (prompt lookup, fixed K), "auto" (K chosen every round from
+    measured costs and acceptance, K = 0 when speculation does not pay),
+    "heuristic" (K += 2 after a full acceptance, else K -= 1).
+    k: draft tokens per round (for auto/heuristic: the maximum).
+    proposer: for auto/heuristic, "draft" or "ngram" (None: draft when the
+    LLM has a draft model, else ngram). p_min: the draft model stops drafting
+    when its top-1 probability falls below it (0 = never).
+    """
 
     method: str = "sd-draft"
     k: int = 4
     ngram_min: int = 2
     ngram_max: int = 4
+    proposer: str | None = None
+    p_min: float = 0.0
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise InvalidRequestError(f"unknown method {self.method!r}: choose one of {', '.join(METHODS)}")
         if self.method != "ar" and (not is_int(self.k) or not 1 <= self.k <= MAX_K):
             raise InvalidRequestError(f"K must be an integer in [1, {MAX_K}] for {self.method}, got {self.k!r}")
-        if self.method == "sd-ngram":
+        if self.method == "sd-ngram" or self.proposer == "ngram":
             check_ngram_sizes(self.ngram_min, self.ngram_max)
+        if self.proposer is not None and self.proposer not in PROPOSERS:
+            raise InvalidRequestError(f"proposer must be one of {', '.join(PROPOSERS)}, got {self.proposer!r}")
+        if not isinstance(self.p_min, (int, float)) or not 0.0 <= self.p_min < 1.0:
+            raise InvalidRequestError(f"p_min must be in [0, 1) (--p-min), got {self.p_min!r}")
 
     @property
     def effective_k(self) -> int:
@@ -88,6 +106,7 @@ class LLM:
         self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences)
         self._draft_spec = draft if draft is not None else (DEFAULT_DRAFT if target is None else None)
         self._draft: Backend | None = None
+        self._costs: dict[str | None, CostModel] = {}
 
     @property
     def draft(self) -> Backend:
@@ -100,12 +119,45 @@ class LLM:
             self._draft = backend
         return self._draft
 
-    def proposer(self, spec: SpecConfig) -> Proposer | None:
+    def proposer_kind(self, spec: SpecConfig) -> str | None:
+        """"draft", "ngram" or None (plain decoding) for this spec."""
         if spec.method == "sd-draft":
-            return DraftModelProposer(self.draft)
+            return "draft"
         if spec.method == "sd-ngram":
+            return "ngram"
+        if spec.method in ADAPTIVE:
+            return spec.proposer or ("draft" if self._draft_spec is not None else "ngram")
+        return None
+
+    def proposer(self, spec: SpecConfig) -> Proposer | None:
+        kind = self.proposer_kind(spec)
+        if kind == "draft":
+            return DraftModelProposer(self.draft, p_min=spec.p_min)
+        if kind == "ngram":
             return NgramProposer(spec.ngram_min, spec.ngram_max)
         return None
+
+    def cost_model(self, spec: SpecConfig) -> CostModel:
+        """Measured costs for this LLM and proposer kind, calibrated on first use
+        and then learnt from every round run (shared by all requests)."""
+        kind = self.proposer_kind(spec)
+        if kind not in self._costs:
+            self._costs[kind] = calibrate(self.target, self.draft if kind == "draft" else None,
+                                          max_block=min(spec.k, 16) + 1)
+        return self._costs[kind]
+
+    def controller(self, spec: SpecConfig):
+        if spec.method == "auto":
+            return GoodputController(self.cost_model(spec), k_max=spec.k)
+        if spec.method == "heuristic":
+            return HeuristicController(k_init=min(spec.k, 4), k_max=spec.k)
+        return None
+
+    def start(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,
+              on_text: Callable[[str], None] | None = None) -> Generation:
+        """A Generation for one request (the scheduler or `generate` steps it)."""
+        return Generation(self.target, self.proposer(spec), prompt_ids, params, spec.effective_k,
+                          method=spec.method, on_text=on_text, controller=self.controller(spec))
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Token ids for a text prompt (or a sequence of ids, passed through)."""
@@ -129,20 +181,21 @@ class LLM:
         spec None: sd-draft when the LLM has a draft model, else plain decoding."""
         params = params or SamplingParams()
         spec = spec or SpecConfig(method="sd-draft" if self._draft_spec is not None else "ar")
-        prompt_ids = self.encode(prompt, chat)
-        return run_loop(self.target, self.proposer(spec), prompt_ids, params, spec.effective_k,
-                        method=spec.method, on_text=on_text)
+        gen = self.start(self.encode(prompt, chat), params, spec, on_text)
+        return gen.run()
 
     def warmup(self, spec: SpecConfig | None = None) -> None:
         """Run one tiny forward on each model a method uses, so the first timed
         request does not pay for page faults of a freshly mapped file."""
-        backends = [self.target] + ([self.draft] if spec and spec.method == "sd-draft" else [])
+        backends = [self.target] + ([self.draft] if spec and self.proposer_kind(spec) == "draft" else [])
         for backend in backends:
             seq = backend.new_sequence()
             try:
                 backend.score(seq, [0, 0])
             finally:
                 backend.free(seq)
+        if spec is not None and spec.method == "auto":
+            self.cost_model(spec)  # calibrate now, not inside the first timed request
 
     def close(self) -> None:
         self.target.close()

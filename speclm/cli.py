@@ -12,7 +12,7 @@ import sys
 
 from .errors import SpeclmError
 
-METHOD_CHOICES = ("ar", "sd-draft", "sd-ngram")
+METHOD_CHOICES = ("ar", "sd-draft", "sd-ngram", "auto", "heuristic")
 
 
 def _add_generate(sub) -> None:
@@ -24,7 +24,12 @@ def _add_generate(sub) -> None:
     g.add_argument("--draft", default=None, help="draft model for sd-draft: name or GGUF path "
                    "(default: qwen2.5-coder-0.5b when the target is the default)")
     g.add_argument("--method", choices=METHOD_CHOICES, default="sd-draft")
-    g.add_argument("--k", type=int, default=4, help="draft tokens per round (default 4)")
+    g.add_argument("--k", type=int, default=4,
+                   help="draft tokens per round (default 4; for auto/heuristic the maximum)")
+    g.add_argument("--proposer", choices=("draft", "ngram"), default=None,
+                   help="what auto/heuristic draft with (default: draft model if any, else n-gram)")
+    g.add_argument("--p-min", type=float, default=0.0,
+                   help="draft model: stop drafting when its top-1 probability falls below this")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -62,9 +67,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
                             stop=tuple(args.stop))
-    spec = SpecConfig(method=args.method, k=args.k, ngram_min=args.ngram_min, ngram_max=args.ngram_max)
-    draft = args.draft if args.method == "sd-draft" else None
-    if args.method == "sd-draft" and draft is None and args.target is None:
+    spec = SpecConfig(method=args.method, k=args.k, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
+                      proposer=args.proposer, p_min=args.p_min)
+    wants_draft = args.method == "sd-draft" or (args.method in ("auto", "heuristic") and args.proposer != "ngram")
+    draft = args.draft if wants_draft else None
+    if wants_draft and draft is None and args.target is None:
         from .models.registry import DEFAULT_DRAFT
         draft = DEFAULT_DRAFT
     with LLM(target=args.target, draft=draft, n_ctx=args.n_ctx, n_threads=args.threads) as llm:

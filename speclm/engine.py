@@ -25,7 +25,7 @@ from .api import LLM, SpecConfig
 from .errors import SpeclmError
 from .metrics import GenerationResult
 from .sampling import SamplingParams
-from .spec.loop import Generation
+from .spec.loop import Generation  # noqa: F401  (the type the scheduler steps)
 
 _DONE = object()
 
@@ -112,8 +112,7 @@ class Engine:
         spec = spec or SpecConfig(method="ar")
         prompt_ids = self.llm.encode(prompt, chat)
         handle = RequestHandle(f"req-{next(self._ids)}", prompt_ids)
-        gen = Generation(self.llm.target, self.llm.proposer(spec), prompt_ids, params,
-                         spec.effective_k, method=spec.method, on_text=handle._push)
+        gen = self.llm.start(prompt_ids, params, spec, on_text=handle._push)
         with self._lock:
             if self._stop:
                 gen.close()

@@ -124,3 +124,24 @@ def test_a_broken_acceptance_rule_fails_the_same_check(monkeypatch):
     samples = sample_first_tokens(factory, params_kw, k)
     tv, bound = total_variation(samples, exact), tv_bound(len(samples), support_size(exact))
     assert tv > bound, f"broken rule not detected: TV {tv:.4f} <= bound {bound:.4f}"
+
+
+def test_adaptive_k_keeps_the_target_distribution():
+    """K chosen each round from past acceptance (method auto) is still lossless:
+    the choice depends only on the past, never on the token being verified."""
+    from speclm.spec.controller import CostModel, GoodputController
+
+    params_kw = SETTINGS["t1.0"]
+    exact = exact_distribution(make_target(), PROMPT, SamplingParams(**params_kw), N_TOKENS)
+    target = make_target()
+    samples, ks = [], set()
+    for i in range(N_SAMPLES):
+        ctrl = GoodputController(CostModel(verify_ms={1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8}), k_max=4,
+                                 alpha_prior=(i % 5) / 5 + 0.05, probe_every=2)
+        res = loop.generate(target, DraftModelProposer(make_unlike_draft()), PROMPT,
+                            SamplingParams(max_new_tokens=6, seed=i, **params_kw), 4, controller=ctrl)
+        samples.append(tuple(res.token_ids[:N_TOKENS]))
+        ks.update(r.proposed for r in res.rounds)
+    assert {0, 1} <= ks and max(ks) >= 3  # K really varied, including plain steps
+    tv, bound = empirical_check(samples, exact)
+    assert tv < bound, f"TV {tv:.4f} exceeds the sample-size bound {bound:.4f}"

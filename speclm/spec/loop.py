@@ -169,6 +169,15 @@ class Generation:
             self.controller.observe(record)
         return self._done() if self.finished else False
 
+    def run(self) -> GenerationResult:
+        """Step until finished (releasing resources even on error); the result."""
+        try:
+            while not self.step():
+                pass
+        finally:
+            self.close()
+        return self.result()
+
     def _done(self) -> bool:
         self.t_end = self.t_end or time.perf_counter()
         self.close()
@@ -206,13 +215,7 @@ def generate(target: Backend, proposer: Proposer | None, prompt_ids: list[int],
     k is the draft length per round (k = 0 or no proposer: plain decoding).
     `on_text` receives final text as soon as it is known (streaming).
     """
-    gen = Generation(target, proposer, prompt_ids, params, k, method, on_text, eos_ids, controller)
-    try:
-        while not gen.step():
-            pass
-    finally:
-        gen.close()
-    return gen.result()
+    return Generation(target, proposer, prompt_ids, params, k, method, on_text, eos_ids, controller).run()
 
 
 def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...backends.base import Backend
-from ...sampling import SamplingParams, sample, target_probs
+from ...sampling import SamplingParams, sample, softmax, target_probs
 from .base import Draft, Proposer
 
 
@@ -22,8 +22,9 @@ class DraftModelProposer(Proposer):
     """Drafts autoregressively with `backend`; rolls its KV back to the longest
     prefix it shares with the new context (O(1)), then feeds the rest."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, p_min: float = 0.0):
         self.backend = backend
+        self.p_min = p_min  # stop drafting once the draft's top-1 probability falls below this
         self.name = f"draft:{backend.name}"
         self._seq: int | None = None
         self._held: list[int] = []  # tokens in the draft's KV
@@ -51,6 +52,8 @@ class DraftModelProposer(Proposer):
             return draft
         logits = self._sync(context)
         for i in range(k):
+            if self.p_min > 0.0 and i > 0 and float(softmax(logits).max()) < self.p_min:
+                break  # a confidence stop: q stays exact for every token proposed
             q = target_probs(logits, params)
             tok = int(np.argmax(q)) if params.greedy else sample(q, rng)
             draft.tokens.append(tok)
