@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -106,11 +107,16 @@ class LLM:
         self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences)
         self._draft_spec = draft if draft is not None else (DEFAULT_DRAFT if target is None else None)
         self._draft: Backend | None = None
+        self._draft_lock = threading.Lock()
         self._costs: dict[str | None, CostModel] = {}
 
     @property
     def draft(self) -> Backend:
         """The draft backend, loaded and checked against the target on first use."""
+        with self._draft_lock:  # two first sd-draft requests from two threads load it once
+            return self._load_draft()
+
+    def _load_draft(self) -> Backend:
         if self._draft is None:
             if self._draft_spec is None:
                 raise InvalidRequestError("method sd-draft needs a draft model: pass draft=NAME|PATH (--draft)")

@@ -50,10 +50,12 @@ def _add_generate(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .models.cli import add_models_parser
+    from .server.cli import add_serve_parser
     parser = argparse.ArgumentParser(prog="speclm", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     add_models_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 

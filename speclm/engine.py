@@ -16,44 +16,55 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import queue
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 
 from .api import LLM, SpecConfig
-from .errors import SpeclmError
+from .errors import InvalidRequestError, SpeclmError
 from .metrics import GenerationResult
 from .sampling import SamplingParams
 from .spec.loop import Generation  # noqa: F401  (the type the scheduler steps)
-
-_DONE = object()
-
 
 class EngineFullError(SpeclmError):
     """Too many requests queued: retry later (HTTP 429)."""
 
 
 class RequestHandle:
-    """A submitted request: stream its text, wait for its result, cancel it."""
+    """A submitted request: stream its text, wait for its result, cancel it.
+
+    Deltas are kept in a list, so any number of readers (threads or asyncio
+    tasks) can follow them; asyncio readers are woken through their own event
+    loop (no thread is parked per waiting request).
+    """
 
     def __init__(self, rid: str, prompt_ids: list[int]):
         self.id = rid
         self.prompt_ids = prompt_ids
-        self._deltas: queue.Queue = queue.Queue()
+        self._items: list[str] = []
+        self._cond = threading.Condition()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._finished = threading.Event()
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self.cancelled = False
 
     # called by the scheduler thread
+    def _notify(self) -> None:
+        self._cond.notify_all()
+        for loop, event in self._waiters:
+            loop.call_soon_threadsafe(event.set)
+
     def _push(self, text: str) -> None:
-        self._deltas.put(text)
+        with self._cond:
+            self._items.append(text)
+            self._notify()
 
     def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._finished.set()
-        self._deltas.put(_DONE)
+        with self._cond:
+            self._result, self._error = result, error
+            self._finished.set()
+            self._notify()
 
     # called by clients
     def cancel(self) -> None:
@@ -72,23 +83,59 @@ class RequestHandle:
 
     def stream(self) -> Iterator[str]:
         """Text deltas as they become final; ends when the request does."""
-        while (item := self._deltas.get()) is not _DONE:
-            yield item
+        seen = 0
+        while True:
+            with self._cond:
+                while seen == len(self._items) and not self.done:
+                    self._cond.wait()
+                new, finished = self._items[seen:], self.done
+            seen += len(new)
+            yield from new
+            if finished:
+                break
         if self._error is not None:
             raise self._error
 
     async def astream(self) -> AsyncIterator[str]:
-        """`stream()` for asyncio code (the blocking get runs in a thread)."""
-        while (item := await asyncio.to_thread(self._deltas.get)) is not _DONE:
-            yield item
+        """`stream()` for asyncio code."""
+        event = asyncio.Event()
+        waiter = (asyncio.get_running_loop(), event)
+        with self._cond:
+            self._waiters.append(waiter)
+        try:
+            seen = 0
+            while True:
+                event.clear()
+                with self._cond:
+                    new, finished = self._items[seen:], self.done
+                seen += len(new)
+                for item in new:
+                    yield item
+                if finished:
+                    break
+                await event.wait()
+        finally:
+            with self._cond:
+                self._waiters.remove(waiter)
         if self._error is not None:
             raise self._error
+
+    async def aresult(self) -> GenerationResult:
+        """`result()` for asyncio code."""
+        async for _ in self.astream():
+            pass
+        return self.result(0)
 
 
 class Engine:
     """Round-robin scheduler over Generations sharing one LLM."""
 
     def __init__(self, llm: LLM, max_concurrency: int = 4, max_queue: int = 64, start: bool = True):
+        capacity = llm.target.max_sequences
+        if capacity is not None and max_concurrency > capacity:
+            raise InvalidRequestError(
+                f"max_concurrency {max_concurrency} exceeds the {capacity} KV sequences the model was "
+                f"loaded with: load it with LLM(max_sequences={max_concurrency}) or lower the concurrency")
         self.llm = llm
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
@@ -117,7 +164,8 @@ class Engine:
             if self._stop:
                 gen.close()
                 raise SpeclmError("the engine is shutting down")
-            if len(self._pending) >= self.max_queue:
+            free_slots = max(0, self.max_concurrency - len(self._active))
+            if len(self._pending) - free_slots >= self.max_queue:
                 gen.close()
                 raise EngineFullError(f"{len(self._active)} requests running and {len(self._pending)} "
                                       f"queued (limit {self.max_queue}): retry later")
@@ -138,6 +186,10 @@ class Engine:
                     self._lock.wait()
                 if self._stop and not self._active and not self._pending:
                     return
+                for entry in [e for e in self._pending if e[0].cancelled]:  # never admitted
+                    self._pending.remove(entry)
+                    entry[1].close()
+                    entry[0]._finish(entry[1].result())
                 while self._pending and len(self._active) < self.max_concurrency:
                     self._active.append(self._pending.popleft())
                 batch = list(self._active)

@@ -8,6 +8,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.engine import Engine, EngineFullError
+from speclm.errors import InvalidRequestError
 
 
 def _toy_llm():
@@ -65,7 +66,7 @@ def test_cancel_mid_stream_frees_the_sequence(smollm):
 def test_queue_limit_is_a_clear_error():
     llm = _toy_llm()
     engine = Engine(llm, max_concurrency=1, max_queue=2, start=False)
-    queued = [engine.submit([0], SamplingParams(max_new_tokens=5)) for _ in range(2)]
+    queued = [engine.submit([0], SamplingParams(max_new_tokens=5)) for _ in range(3)]  # 1 slot + 2 queued
     with pytest.raises(EngineFullError, match="retry later"):
         engine.submit([0], SamplingParams(max_new_tokens=5))
     engine.start()
@@ -87,3 +88,49 @@ def test_a_failing_request_does_not_stop_the_others(monkeypatch):
     assert len(good.result(timeout=10).token_ids) == 5
     engine.shutdown()
     assert original.seq is None
+
+
+def test_queue_counts_only_requests_waiting_beyond_free_slots():
+    llm = _toy_llm()
+    engine = Engine(llm, max_concurrency=4, max_queue=1, start=False)
+    handles = [engine.submit([0], SamplingParams(max_new_tokens=3)) for _ in range(5)]  # 4 slots + 1 queued
+    with pytest.raises(EngineFullError):
+        engine.submit([0], SamplingParams(max_new_tokens=3))
+    engine.start()
+    assert all(len(h.result(timeout=10).token_ids) == 3 for h in handles)
+    engine.shutdown()
+
+
+def test_a_cancelled_queued_request_gives_back_its_place():
+    llm = _toy_llm()
+    engine = Engine(llm, max_concurrency=1, max_queue=1, start=False)
+    running = engine.submit([0], SamplingParams(max_new_tokens=3))
+    queued = engine.submit([1], SamplingParams(max_new_tokens=3))
+    queued.cancel()
+    engine.start()
+    assert queued.result(timeout=10).finish_reason == "cancelled"
+    later = engine.submit([2], SamplingParams(max_new_tokens=3))
+    assert len(running.result(timeout=10).token_ids) == 3 and len(later.result(timeout=10).token_ids) == 3
+    engine.shutdown()
+
+
+def test_concurrency_beyond_the_kv_sequences_is_refused(smollm):
+    with pytest.raises(InvalidRequestError, match="max_sequences"):
+        Engine(smollm, max_concurrency=smollm.target.max_sequences + 1)
+
+
+def test_asyncio_readers_follow_the_stream_without_threads():
+    import asyncio
+
+    llm = _toy_llm()
+    engine = Engine(llm)
+    handle = engine.submit([0, 1], SamplingParams(max_new_tokens=30), SpecConfig(method="sd-ngram", k=2))
+
+    async def read_twice():
+        async def collect():
+            return "".join([t async for t in handle.astream()])
+        texts = await asyncio.gather(collect(), collect())
+        return texts, await handle.aresult()
+    (a, b), result = asyncio.run(read_twice())
+    assert a == b == result.text and len(result.token_ids) == 30
+    engine.shutdown()

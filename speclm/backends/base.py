@@ -27,6 +27,7 @@ class Backend(ABC):
     name: str  # a human-readable model identity (file path or toy name)
     vocab_size: int
     n_ctx: int  # max tokens one sequence can hold
+    max_sequences: int | None = None  # sequences that can be live at once (None: unlimited)
     eos_ids: frozenset[int]  # tokens that end generation (EOS, EOT, chat end)
     bos_id: int | None
 

@@ -97,6 +97,7 @@ class LlamaCppBackend(Backend):
             raise BackendError(f"llama.cpp could not create a context for {self.path} (n_ctx={self.n_ctx})")
         self._mem = L.llama_get_memory(self._ctx)
         self._batch = L.llama_batch_init(self.n_ctx, 0, 1)
+        self.max_sequences = n_seq_max
         self._free_ids = list(range(n_seq_max))
         self._held: dict[int, list[int]] = {}
         self._pieces: dict[int, bytes] = {}

@@ -129,10 +129,11 @@ class Generation:
         return self.stops.finished is not None
 
     def _start(self) -> None:
+        t0 = time.perf_counter()  # a scheduler may start us later than t_start
         self.seq = self.target.new_sequence()
         if len(self.context) > 1:
             self.target.prefill(self.seq, self.context[:-1])
-        self.prefill_ms = (time.perf_counter() - self.t_start) * 1000
+        self.prefill_ms = (time.perf_counter() - t0) * 1000
 
     def step(self) -> bool:
         """Run one round; return True once the generation has finished."""

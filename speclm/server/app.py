@@ -1,0 +1,348 @@
+"""The OpenAI-compatible HTTP app over one speclm Engine: `create_app(llm, config)`.
+
+Contracts:
+- One Engine (config.max_concurrency running, config.max_queue waiting) serves
+  every request; generation runs in the engine thread, handlers only await it.
+- Every error has OpenAI's body shape; bad input is a 4xx, never a 500.
+  Queue full: 429. Past config.request_timeout_s: the request is cancelled
+  and answered 504 (streams: an error event, then `data: [DONE]`).
+- With config.api_key set, /v1/* and /metrics need `Authorization: Bearer KEY`
+  (401 otherwise); /health stays open. Bodies over config.max_body_bytes: 413.
+- A client that disconnects mid-stream has its request cancelled (its KV
+  sequence is freed at the engine's next turn).
+- Shutdown (lifespan end, or `app.state.speclm.close()`) cancels in-flight
+  requests: streams end with an error event and [DONE], others get a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..api import LLM, SpecConfig
+from ..backends.base import Backend
+from ..engine import Engine, RequestHandle
+from ..errors import InvalidRequestError
+from ..metrics import GenerationResult
+from .prom import RequestMetrics, ServerMetrics
+from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamError, Usage, _GenerationRequest,
+                      api_error, chunk_body, response_body, validation_error)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Server settings. The LLM must hold >= max_concurrency KV sequences
+    (LLM(max_sequences=...)). default_spec None: sd-draft when the LLM has a
+    draft model, else plain decoding (ar)."""
+
+    model_id: str | None = None  # None: the target file's stem
+    max_tokens_limit: int = 4096
+    max_concurrency: int = 4
+    max_queue: int = 64
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    request_timeout_s: float = 300.0
+    default_spec: SpecConfig | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens_limit", "max_concurrency", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_queue < 0 or not self.request_timeout_s > 0:
+            raise InvalidRequestError("max_queue must be >= 0 and request_timeout_s > 0")
+
+
+def _sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class _EventStream(StreamingResponse):
+    """SSE response that cancels its request however the response ends
+    (a disconnect included), then accounts it."""
+
+    def __init__(self, events: AsyncIterator[str], handle: RequestHandle, state: ServerState):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._handle, self._state = handle, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._handle.cancel()  # no-op when finished; frees the sequence on a disconnect
+            self._state.account(self._handle)
+
+
+async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:
+    """Cancel `handle` if the client hangs up before its (non-streamed) answer."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    handle.cancel()
+
+
+class ServerState:
+    """What the handlers share: the LLM, one Engine, the metrics."""
+
+    def __init__(self, llm: LLM, config: ServerConfig):
+        self.llm, self.config = llm, config
+        try:
+            self.draft: Backend | None = llm.draft  # loaded now: fail fast, and no lazy-load race
+        except InvalidRequestError:  # no draft model configured
+            self.draft = None
+        self.spec = config.default_spec or SpecConfig(method="sd-draft" if self.draft else "ar")
+        if self.spec.method == "sd-draft" and self.draft is None:
+            raise InvalidRequestError("the default method sd-draft needs a draft model (--draft)")
+        self.model_id = config.model_id or Path(llm.target.name).stem
+        self.engine = Engine(llm, config.max_concurrency, config.max_queue)
+        self.metrics = ServerMetrics(lambda: self.engine.load)
+        self.created = int(time.time())
+        self.closing = False
+        self._accounting: set[asyncio.Task] = set()
+
+    def model_card(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "speclm",
+                "speclm": {"target": self.llm.target.name, "lossless_against": self.llm.target.name,
+                           "draft": self.draft.name if self.draft else None,
+                           "default_speculative": {"method": self.spec.method, "k": self.spec.effective_k},
+                           "n_ctx": self.llm.target.n_ctx, "max_tokens_limit": self.config.max_tokens_limit}}
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_id:
+            raise APIError(404, f"The model `{model}` does not exist: this server serves `{self.model_id}`",
+                           param="model", code="model_not_found")
+
+    def submit(self, req: _GenerationRequest) -> RequestHandle:
+        """Validate, tokenize and enqueue (blocking: run it in a worker thread)."""
+        req.unsupported()
+        limit, asked = self.config.max_tokens_limit, req.requested_max_tokens()
+        if asked is not None and not 1 <= asked <= limit:
+            raise ParamError(f"max_tokens must be in [1, {limit}], got {asked}", "max_tokens")
+        spec = req.spec(self.spec, has_draft=self.draft is not None)
+        req.sampling(1)  # validate the sampling fields before paying for tokenization
+        ids, n_ctx, param = req.prompt_ids(self.llm), self.llm.target.n_ctx, req.prompt_param
+        if len(ids) >= n_ctx:
+            raise ParamError(f"the prompt is {len(ids)} tokens but the context holds {n_ctx}: "
+                             "shorten the prompt", param)
+        if asked is None:
+            asked = min(req.default_max_tokens or limit, limit, n_ctx - len(ids))
+        elif len(ids) + asked > n_ctx:
+            raise ParamError(f"the context holds {n_ctx} tokens; the prompt is {len(ids)} tokens and "
+                             f"max_tokens asks for {asked} more: lower max_tokens or shorten the prompt",
+                             "max_tokens")
+        return self.engine.submit(ids, req.sampling(asked), spec)
+
+    async def serve(self, req: _GenerationRequest, request: Request) -> Response:
+        """Answer one completion request (JSON, or SSE when req.stream)."""
+        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
+        if self.closing:
+            raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+        self.check_model(req.model)
+        try:
+            handle = await asyncio.to_thread(self.submit, req)
+        except Exception as exc:
+            raise api_error(exc) from exc
+        chat = isinstance(req, ChatCompletionRequest)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        if req.stream:
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return _EventStream(self._events(handle, rid, chat, deadline, usage), handle, self)
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+        try:
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            result = await asyncio.to_thread(handle.result, left)
+        except BaseException as exc:
+            handle.cancel()
+            raise self._timeout() if isinstance(exc, TimeoutError) else exc
+        finally:
+            watcher.cancel()
+            self.account(handle)
+        if result.finish_reason == "cancelled":
+            raise self._cancelled()
+        return JSONResponse(response_body(rid, self.model_id, result, chat))
+
+    async def _events(self, handle: RequestHandle, rid: str, chat: bool, deadline: float,
+                      include_usage: bool) -> AsyncIterator[str]:
+        loop, created = asyncio.get_running_loop(), int(time.time())
+
+        def chunk(**kw) -> str:
+            return _sse(chunk_body(rid, self.model_id, created, chat, **kw))
+
+        if chat:
+            yield chunk(role=True)
+        deltas = handle.astream()
+        try:
+            while True:
+                try:
+                    text = await asyncio.wait_for(deltas.__anext__(), max(0.0, deadline - loop.time()))
+                except StopAsyncIteration:
+                    break
+                yield chunk(text=text)
+            result: GenerationResult = handle.result(0)
+            if result.finish_reason == "cancelled":
+                yield _sse(self._cancelled().body)
+            else:
+                yield chunk(finish_reason=result.finish_reason)
+                if include_usage:
+                    yield chunk(usage=Usage.of(result))
+        except Exception as exc:
+            handle.cancel()
+            yield _sse((self._timeout() if isinstance(exc, TimeoutError) else api_error(exc)).body)
+        yield _sse("[DONE]")
+
+    def account(self, handle: RequestHandle) -> None:
+        """Add the request's result to the metrics once it has one (call once per request)."""
+        if handle.done:
+            return self._observe(handle)
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._observe, handle, 60.0))
+        self._accounting.add(task)
+        task.add_done_callback(self._accounting.discard)
+
+    def _observe(self, handle: RequestHandle, timeout: float = 0.0) -> None:
+        try:
+            self.metrics.observe_result(handle.result(timeout))
+        except Exception:  # failed requests have no result; their status is counted
+            pass
+
+    def _timeout(self) -> APIError:
+        return APIError(504, f"the request did not finish within {self.config.request_timeout_s:g} s "
+                        "and was cancelled", "timeout_error", code="request_timeout")
+
+    def _cancelled(self) -> APIError:
+        return APIError(503, "the request was cancelled: the server is shutting down", "server_error",
+                        code="cancelled")
+
+    async def close(self) -> None:
+        """Refuse new requests and cancel those in flight (idempotent)."""
+        self.closing = True
+        await asyncio.to_thread(self.engine.shutdown, True)
+
+
+class _Gate:
+    """Middleware: the API key, then the body-size limit (the body is buffered)."""
+
+    def __init__(self, app: ASGIApp, state: ServerState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self._refuse_auth(scope) if scope["type"] == "http" else None
+        if refusal is None and scope["type"] == "http":
+            receive, refusal = await self._read_body(receive)
+        await (refusal or self.app)(scope, receive, send)
+
+    def _refuse_auth(self, scope: Scope) -> Response | None:
+        key, path = self.state.config.api_key, scope["path"]
+        if not key or not (path.startswith("/v1/") or path == "/metrics"):
+            return None
+        auth = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = auth.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode()):
+            return None
+        message = "incorrect API key provided" if auth else "missing API key: send `Authorization: Bearer KEY`"
+        return APIError(401, message, code="invalid_api_key").response({"WWW-Authenticate": "Bearer"})
+
+    async def _read_body(self, receive: Receive) -> tuple[Receive, Response | None]:
+        """Buffer the body (<= the limit) and replay it; over the limit: drain, then 413."""
+        limit, chunks, size = self.state.config.max_body_bytes, [], 0
+        while (message := await receive())["type"] == "http.request":
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                if message.get("more_body"):
+                    await _drain(receive)
+                return receive, APIError(413, f"the request body exceeds the limit of {limit} bytes",
+                                         code="request_too_large").response()
+            if not message.get("more_body"):
+                message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                break
+        first = [message]
+
+        async def replay() -> dict:
+            return first.pop() if first else await receive()
+
+        return replay, None
+
+
+async def _drain(receive: Receive, cap: int = 64 << 20) -> None:
+    """Read and discard the rest of a body (so the client can read our answer)."""
+    seen = 0
+    while seen <= cap:
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
+
+
+def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
+    """The FastAPI app serving `llm`; its state is `app.state.speclm` (ServerState)."""
+    config = config or ServerConfig()
+    state = ServerState(llm, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # Each in-flight request parks one thread waiting on the engine (to_thread):
+        # size the pool so waiting requests never queue behind each other.
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
+            config.max_concurrency + config.max_queue + 8, thread_name_prefix="speclm-wait"))
+        yield
+        await state.close()
+
+    app = FastAPI(title="speclm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.speclm = state
+    app.add_middleware(_Gate, state=state)
+    app.add_middleware(RequestMetrics, metrics=state.metrics)  # outermost: sees 401 and 413 too
+
+    async def on_error(_request: Request, exc: Exception) -> Response:
+        if isinstance(exc, RequestValidationError):
+            return validation_error(exc.errors()).response()
+        if isinstance(exc, StarletteHTTPException):
+            type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+            return APIError(exc.status_code, str(exc.detail), type_).response(exc.headers)
+        return api_error(exc).response()
+
+    for kind in (APIError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, on_error)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await state.serve(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await state.serve(body, request)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [state.model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict:
+        state.check_model(model)
+        return state.model_card()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        running, queued = state.engine.load
+        body = {"status": "shutting_down" if state.closing else "ok", "model": state.model_id,
+                "running": running, "queued": queued}
+        return JSONResponse(body, 503 if state.closing else 200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+    return app

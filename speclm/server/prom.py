@@ -1,0 +1,139 @@
+"""Prometheus metrics of one server app, on a private CollectorRegistry.
+
+Speculative metrics follow the design note (§2), accumulated over finished
+requests per method:
+- acceptance rate          = Σ accepted / Σ drafted        (gauge, and the two counters)
+- mean acceptance length   = Σ (a_r + 1) / Σ rounds         (gauge, and the rounds counter)
+- per-position acceptance  = accepted_at[j] / proposed_at[j] (counter pair per position j)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..metrics import GenerationResult
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+
+
+class ServerMetrics:
+    """All metrics of one app. `load()` returns the engine's (running, queued)."""
+
+    def __init__(self, load: Callable[[], tuple[int, int]]):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("speclm_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.latency = Histogram("speclm_request_duration_seconds", "HTTP request latency "
+                                 "(streams: until the last byte)", ["route"], buckets=_LATENCY_BUCKETS,
+                                 registry=r)
+        self.ttft = Histogram("speclm_time_to_first_token_seconds", "time from submission to the "
+                              "first generated token (queueing included)", ["method"],
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("speclm_time_per_output_token_seconds", "mean time per output token "
+                              "after the first", ["method"], buckets=_TPOT_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("speclm_prompt_tokens", "prompt tokens of finished requests",
+                                     registry=r)
+        self.completion_tokens = Counter("speclm_completion_tokens", "tokens generated and returned",
+                                         ["method"], registry=r)
+        self.finished = Counter("speclm_generations", "finished generations by method and finish "
+                                "reason", ["method", "finish_reason"], registry=r)
+        self.drafted = Counter("speclm_spec_drafted_tokens", "draft tokens proposed (Σ K_r)",
+                               ["method"], registry=r)
+        self.accepted = Counter("speclm_spec_accepted_tokens", "draft tokens accepted (Σ a_r)",
+                                ["method"], registry=r)
+        self.rounds = Counter("speclm_spec_rounds", "rounds = target forwards after prefill",
+                              ["method"], registry=r)
+        self.pos_proposed = Counter("speclm_spec_position_proposed", "rounds that drafted a token "
+                                    "at position j (K_r >= j)", ["method", "position"], registry=r)
+        self.pos_accepted = Counter("speclm_spec_position_accepted", "rounds that accepted the "
+                                    "draft token at position j (a_r >= j)", ["method", "position"],
+                                    registry=r)
+        self.acceptance_rate = Gauge("speclm_spec_acceptance_rate", "Σ accepted / Σ drafted since "
+                                     "start", ["method"], registry=r)
+        self.mean_acceptance_length = Gauge("speclm_spec_mean_acceptance_length", "Σ (a_r + 1) / "
+                                            "rounds since start (tokens per target forward)",
+                                            ["method"], registry=r)
+        Gauge("speclm_requests_running", "requests generating now", registry=r).set_function(
+            lambda: load()[0])
+        Gauge("speclm_requests_queued", "requests waiting for a slot", registry=r).set_function(
+            lambda: load()[1])
+        self._lock = threading.Lock()
+        self._totals: dict[str, list[int]] = {}  # method -> [drafted, accepted, rounds]
+
+    def observe_request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def observe_result(self, r: GenerationResult) -> None:
+        """Account one finished (or cancelled) generation."""
+        m, s = r.method, r.summary
+        self.prompt_tokens.inc(r.prompt_tokens)
+        self.completion_tokens.labels(m).inc(len(r.token_ids))
+        self.finished.labels(m, r.finish_reason).inc()
+        if s is None:
+            return
+        if s.ttft_ms is not None:
+            self.ttft.labels(m).observe(s.ttft_ms / 1000)
+        if s.tpot_ms is not None:
+            self.tpot.labels(m).observe(s.tpot_ms / 1000)
+        proposed_at: dict[int, int] = {}
+        accepted_at: dict[int, int] = {}
+        for rnd in r.rounds:
+            for j in range(1, rnd.proposed + 1):
+                proposed_at[j] = proposed_at.get(j, 0) + 1
+                accepted_at[j] = accepted_at.get(j, 0) + (rnd.accepted >= j)
+        for j, n in proposed_at.items():
+            self.pos_proposed.labels(m, str(j)).inc(n)
+            self.pos_accepted.labels(m, str(j)).inc(accepted_at[j])
+        self.drafted.labels(m).inc(s.proposed)
+        self.accepted.labels(m).inc(s.accepted)
+        self.rounds.labels(m).inc(s.rounds)
+        with self._lock:
+            t = self._totals.setdefault(m, [0, 0, 0])
+            t[0] += s.proposed
+            t[1] += s.accepted
+            t[2] += s.rounds
+            if t[0]:
+                self.acceptance_rate.labels(m).set(t[1] / t[0])
+            if t[2]:
+                self.mean_acceptance_length.labels(m).set((t[1] + t[2]) / t[2])
+
+    def render(self) -> tuple[bytes, str]:
+        """(body, content type) of the Prometheus text exposition."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+
+
+class RequestMetrics:
+    """ASGI middleware: count every HTTP request by route and status, and time
+    it to its last byte. Unknown paths share the route label "other"."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, t0, status = scope["path"], time.perf_counter(), 500
+        route = path if path in _ROUTES else "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.observe_request(route, status, time.perf_counter() - t0)

@@ -1,0 +1,308 @@
+"""Request and response models of the OpenAI-compatible API.
+
+Requests are validated strictly (no "5" for 5, no true for 1); unknown fields
+are accepted and ignored, except the OpenAI features speclm cannot honour,
+which are rejected (`unsupported()`) rather than silently dropped. Every
+error body has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import ClientDisconnect
+
+from ..api import METHODS, SpecConfig
+from ..engine import EngineFullError
+from ..errors import BackendError, InvalidRequestError, SpeclmError
+from ..metrics import GenerationResult
+from ..sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from ..api import LLM
+
+_REQUEST = ConfigDict(strict=True, extra="allow")
+
+# field -> the value(s) speclm can serve; anything else is a 400.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
+    "best_of": (None, 1), "suffix": (None, ""), "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "tools": (None, []),
+    "functions": (None, []), "response_format": (None, {"type": "text"}),
+}
+
+
+class ParamError(InvalidRequestError):
+    """An InvalidRequestError that names the offending request field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class APIError(Exception):
+    """An error answered with `status` and OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, type_, param, code)
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body, self.status, headers=headers)
+
+
+def api_error(exc: BaseException) -> APIError:
+    """Map an exception raised while serving a request to its HTTP answer."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ClientDisconnect):
+        return APIError(499, "the client closed the connection", code="client_closed_request")
+    if isinstance(exc, EngineFullError):
+        return APIError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded")
+    if isinstance(exc, (InvalidRequestError, ValueError)):  # ValueError: a tokenizer refusing the text
+        return APIError(400, str(exc), param=getattr(exc, "param", None))
+    if isinstance(exc, TimeoutError):
+        return APIError(504, str(exc) or "timed out", "timeout_error", code="request_timeout")
+    if isinstance(exc, SpeclmError) and not isinstance(exc, BackendError):
+        return APIError(503, str(exc), "server_error", code="unavailable")
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+
+def validation_error(errors: list[dict]) -> APIError:
+    """A 400 naming the first invalid field of a FastAPI RequestValidationError."""
+    err = errors[0] if errors else {}
+    if err.get("type") == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', '')}")
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    loc = [p for p in loc if "[" not in p and p not in ("str", "int", "float", "bool", "list")]  # union tags
+    param, msg = ".".join(loc) or None, err.get("msg", "invalid request")
+    if param is None:  # the body as a whole: empty, not an object, or not sent as JSON
+        return APIError(400, f"the request body must be a JSON object (Content-Type: application/json): {msg}")
+    return APIError(400, f"{param}: {msg}", param=loc[0])
+
+
+class SpeculativeOptions(BaseModel):
+    """The `speculative` extension: overrides the server's default per request."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    method: Literal[METHODS] | None = None  # type: ignore[valid-type]
+    k: int | None = None
+    ngram_min: int | None = None
+    ngram_max: int | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = _REQUEST
+    include_usage: bool = False
+
+
+class _GenerationRequest(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model_config = _REQUEST
+    prompt_param: ClassVar[str] = "prompt"  # the field a too-long prompt is blamed on
+    default_max_tokens: ClassVar[int | None] = 16  # OpenAI's; None: as many as fit
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)  # OpenAI's range; default 1
+    top_p: float | None = None
+    top_k: int | None = None  # extension
+    min_p: float | None = None  # extension
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    ignore_eos: bool = False  # extension (benchmarks)
+    speculative: SpeculativeOptions | None = None
+
+    def unsupported(self) -> None:
+        """Raise InvalidRequestError for a feature speclm does not serve."""
+        if self.n is not None and self.n > 1:
+            raise ParamError(f"n > 1 is not supported (got n={self.n}): send one request per completion", "n")
+        if self.n is not None and self.n < 1:
+            raise ParamError(f"n must be 1, got {self.n}", "n")
+        for name, ok in _UNSUPPORTED.items():
+            value = (self.model_extra or {}).get(name)
+            if not any(value is v or (type(value) is type(v) and value == v) for v in ok):
+                raise ParamError(f"{name}={value!r} is not supported by speclm", name)
+        if isinstance(self.stop, list) and len(self.stop) > 16:
+            raise ParamError(f"at most 16 stop strings, got {len(self.stop)}", "stop")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def spec(self, default: SpecConfig, has_draft: bool) -> SpecConfig:
+        """`default` with the request's `speculative` overrides (SpecConfig validates)."""
+        opts = self.speculative.model_dump(exclude_none=True) if self.speculative else {}
+        if opts.get("method") == "sd-draft" and not has_draft:
+            raise ParamError("method sd-draft needs a draft model: this server has none", "speculative")
+        return dataclasses.replace(default, **opts)
+
+    def prompt_ids(self, llm: LLM) -> list[int]:
+        raise NotImplementedError
+
+    def sampling(self, max_tokens: int) -> SamplingParams:
+        """The request's SamplingParams (validated there: InvalidRequestError)."""
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_k=0 if self.top_k is None else self.top_k,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            seed=self.seed, max_new_tokens=max_tokens, stop=self.stop, ignore_eos=self.ignore_eos)
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[str] | list[int]
+
+    def prompt_ids(self, llm: LLM) -> list[int]:
+        """Text (or one-string list) tokenized as `llm.encode` does; token ids pass through."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], str)):
+            if len(prompt) != 1:
+                raise ParamError("prompt must be a string (or a list of exactly one string; batched "
+                                 f"prompts are not supported), got a list of {len(prompt)}", "prompt")
+            prompt = prompt[0]
+        return llm.encode(prompt)  # empty text: InvalidRequestError
+
+
+class ContentPart(BaseModel):
+    model_config = _REQUEST
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = _REQUEST
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+
+    def as_template_input(self) -> dict[str, str]:
+        """{"role", "content"} with text parts joined; other parts are a 400."""
+        if self.content is None or isinstance(self.content, str):
+            return {"role": self.role, "content": self.content or ""}
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ParamError(f"message content part of type {part.type!r} is not supported: "
+                                 "only text parts", "messages")
+        return {"role": self.role, "content": "".join(p.text or "" for p in self.content)}
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    prompt_param: ClassVar[str] = "messages"
+    default_max_tokens: ClassVar[int | None] = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+    def prompt_ids(self, llm: LLM) -> list[int]:
+        """The messages rendered with the target's chat template, tokenized without
+        adding special tokens (the template has them)."""
+        messages = [m.as_template_input() for m in self.messages]
+        if not any(m["content"].strip() for m in messages):
+            raise ParamError("the messages are empty: give some text", "messages")
+        return llm.target.tokenize(llm.target.apply_chat_template(messages), add_special=False)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# ---- responses ---------------------------------------------------------------
+class SpeculativeUsage(BaseModel):
+    method: str
+    k: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    drafted: int
+    accepted: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    speculative: SpeculativeUsage
+
+    @classmethod
+    def of(cls, r: GenerationResult) -> Usage:
+        s = r.summary
+        n = len(r.token_ids)
+        return cls(prompt_tokens=r.prompt_tokens, completion_tokens=n, total_tokens=r.prompt_tokens + n,
+                   speculative=SpeculativeUsage(
+                       method=r.method, k=r.k, acceptance_rate=s.acceptance_rate if s else None,
+                       mean_acceptance_length=s.mean_acceptance_length if s else None,
+                       drafted=s.proposed if s else 0, accepted=s.accepted if s else 0))
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+def response_body(rid: str, model: str, r: GenerationResult, chat: bool) -> dict:
+    """The non-streaming response for a finished result."""
+    if chat:
+        return ChatCompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[ChatChoice(
+            message=AssistantMessage(content=r.text), finish_reason=r.finish_reason)]).model_dump()
+    return CompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[CompletionChoice(
+        text=r.text, finish_reason=r.finish_reason)]).model_dump()
+
+
+def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None = None,
+               role: bool = False, finish_reason: str | None = None,
+               usage: Usage | None = None) -> dict:
+    """One streaming chunk in OpenAI's format (usage given: the choices-less usage chunk)."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model}
+    if usage is not None:
+        return {**body, "choices": [], "usage": usage.model_dump()}
+    if chat:
+        delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    return {**body, "choices": [choice]}

@@ -1,0 +1,404 @@
+"""The OpenAI-compatible server end to end: the real `openai` client and httpx
+against live uvicorn servers on 127.0.0.1. SmolLM2-135M drives the real path;
+exact toy models are used where outputs must match exactly or time matters."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import openai
+import pytest
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from speclm import LLM, SpecConfig
+from speclm.backends.toy import TOY_ALPHABET, ToyBackend
+from speclm.server import ServerConfig, create_app
+from speclm.server.cli import Server, add_serve_parser, build_app, cmd_serve
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+@contextmanager
+def live(app) -> Iterator[tuple[str, Server]]:
+    """Serve `app` on a free loopback port in a background thread."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", server
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def client(url: str, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def toy_llm() -> LLM:
+    return LLM(target=ToyBackend(26, seed=4, n_ctx=256), draft=ToyBackend(26, seed=8, order=1, n_ctx=256))
+
+
+class SlowToy(ToyBackend):
+    """A toy target whose forwards take 3 ms: requests last long enough to race."""
+
+    def score(self, seq, tokens):
+        time.sleep(0.003)
+        return super().score(seq, tokens)
+
+
+def wait_until(cond, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def sse_events(response: httpx.Response) -> Iterator[str]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield line[len("data: "):]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    llm = LLM(target="smollm2-135m", n_threads=1, max_sequences=20, n_ctx=1024)
+    app = create_app(llm, ServerConfig(model_id="smollm2", max_concurrency=8,
+                                       default_spec=SpecConfig("sd-ngram", 3)))
+    with live(app) as (url, _):
+        yield llm, url, app
+    llm.close()
+
+
+@pytest.fixture(scope="module")
+def toy():
+    llm = toy_llm()
+    app = create_app(llm, ServerConfig(model_id="toy", max_concurrency=8, default_spec=SpecConfig("sd-draft", 3)))
+    with live(app) as (url, _):
+        yield llm, url, app
+
+
+# ---- the real path -----------------------------------------------------------
+def test_completion_stream_equals_non_stream(smol):
+    _, url, _ = smol
+    kw = dict(model="smollm2", prompt="def fibonacci(n):\n", max_tokens=32, temperature=0)
+    full = client(url).completions.create(**kw)
+    text = full.choices[0].text
+    assert text and full.object == "text_completion" and full.choices[0].finish_reason in ("stop", "length")
+    u = full.usage
+    assert 0 < u.completion_tokens <= 32 and u.total_tokens == u.prompt_tokens + u.completion_tokens
+    spec = u.model_extra["speculative"]
+    assert spec["method"] == "sd-ngram" and spec["k"] == 3
+    assert set(spec) == {"method", "k", "acceptance_rate", "mean_acceptance_length", "drafted", "accepted"}
+    chunks = list(client(url).completions.create(**kw, stream=True))
+    assert all(c.object == "text_completion" for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
+
+
+def test_chat_stream_equals_non_stream(smol):
+    _, url, _ = smol
+    kw = dict(model="smollm2", max_tokens=40, temperature=0, messages=[
+        {"role": "system", "content": "You answer briefly."}, {"role": "user", "content": "What is 2+2?"}])
+    full = client(url).chat.completions.create(**kw)
+    msg = full.choices[0].message
+    assert msg.role == "assistant" and msg.content and full.object == "chat.completion"
+    assert full.usage.model_extra["speculative"]["method"] == "sd-ngram"
+    chunks = list(client(url).chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == msg.content
+    assert chunks[-2].choices[0].finish_reason == full.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].usage.model_extra["speculative"]["drafted"] >= 0
+
+
+def test_models_and_health(smol):
+    llm, url, _ = smol
+    models = client(url).models.list().data
+    assert [m.id for m in models] == ["smollm2"]
+    ext = models[0].model_extra["speclm"]
+    assert ext["target"] == ext["lossless_against"] == llm.target.name and ext["target"].endswith(".gguf")
+    assert ext["draft"] is None and ext["default_speculative"] == {"method": "sd-ngram", "k": 3}
+    assert httpx.get(url + "/v1/models/smollm2").json()["id"] == "smollm2"
+    missing = httpx.get(url + "/v1/models/gpt-4")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    health = httpx.get(url + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+LONG = "hello " * 1100  # > 1024 tokens: over the smollm fixture's context
+BAD_INPUTS = [
+    ("malformed JSON", C, b'{"prompt": "hi",', 400, "not valid json"),
+    ("body not an object", C, b"[1, 2]", 400, "json object"),
+    ("empty body", C, b"", 400, "json object"),
+    ("prompt wrong type", C, {"prompt": 5}, 400, "prompt"),
+    ("max_tokens a string", C, {"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens"),
+    ("max_tokens a bool", C, {"prompt": "hi", "max_tokens": True}, 400, "max_tokens"),
+    ("max_tokens 0", C, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("max_tokens too large", C, {"prompt": "hi", "max_tokens": 10**6}, 400, "max_tokens"),
+    ("max_tokens past the context", C, {"prompt": "hi", "max_tokens": 1024}, 400, "context"),
+    ("temperature -1", C, {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("temperature a string", C, {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("top_p 2", C, {"prompt": "hi", "top_p": 2}, 400, "top_p"),
+    ("top_p 0", C, {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("top_k -1", C, {"prompt": "hi", "top_k": -1}, 400, "top_k"),
+    ("min_p 1", C, {"prompt": "hi", "min_p": 1.0}, 400, "min_p"),
+    ("seed -1", C, {"prompt": "hi", "seed": -1}, 400, "seed"),
+    ("stop wrong type", C, {"prompt": "hi", "stop": 5}, 400, "stop"),
+    ("stop empty string", C, {"prompt": "hi", "stop": [""]}, 400, "stop"),
+    ("n 2", C, {"prompt": "hi", "n": 2}, 400, "n > 1 is not supported"),
+    ("unknown model", C, {"model": "gpt-4", "prompt": "hi"}, 404, "does not exist"),
+    ("empty prompt", C, {"prompt": ""}, 400, "empty"),
+    ("blank prompt", C, {"prompt": "  \n"}, 400, "empty"),
+    ("empty prompt list", C, {"prompt": []}, 400, "prompt"),
+    ("batched prompts", C, {"prompt": ["a", "b"]}, 400, "batched"),
+    ("token id out of range", C, {"prompt": [10**9]}, 400, "token ids"),
+    ("missing prompt", C, {"max_tokens": 3}, 400, "prompt"),
+    ("max_completion_tokens 0", CHAT, {"messages": [{"role": "user", "content": "hi"}],
+                                       "max_completion_tokens": 0}, 400, "max_tokens"),
+    ("prompt over the context", C, {"prompt": LONG}, 400, "context"),
+    ("stream wrong type", C, {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("invalid request with stream", C, {"prompt": "hi", "stream": True, "max_tokens": 0}, 400, "max_tokens"),
+    ("logprobs unsupported", C, {"prompt": "hi", "logprobs": 5}, 400, "logprobs"),
+    ("unknown method", C, {"prompt": "hi", "speculative": {"method": "magic"}}, 400, "speculative"),
+    ("k out of range", C, {"prompt": "hi", "speculative": {"method": "sd-ngram", "k": 0}}, 400, "k must"),
+    ("sd-draft without a draft", C, {"prompt": "hi", "speculative": {"method": "sd-draft"}}, 400, "draft"),
+    ("unknown speculative field", C, {"prompt": "hi", "speculative": {"kk": 1}}, 400, "kk"),
+    ("missing messages", CHAT, {"max_tokens": 3}, 400, "messages"),
+    ("empty messages", CHAT, {"messages": []}, 400, "messages"),
+    ("bad role", CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+    ("content wrong type", CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "content"),
+    ("image content", CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text"),
+    ("blank chat", CHAT, {"messages": [{"role": "user", "content": " "}]}, 400, "empty"),
+    ("chat over the context", CHAT, {"messages": [{"role": "user", "content": LONG}]}, 400, "context"),
+    ("oversized body", C, {"prompt": "a" * (1 << 20)}, 413, "exceeds"),
+]
+
+
+@pytest.mark.parametrize("name,path,body,status,needle", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_is_a_4xx_with_an_openai_error(smol, name, path, body, status, needle):
+    _, url, _ = smol
+    if isinstance(body, bytes):
+        r = httpx.post(url + path, content=body, headers={"Content-Type": "application/json"}, timeout=30)
+    else:
+        r = httpx.post(url + path, json=body, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str)
+    assert needle.lower() in err["message"].lower() or needle == err["param"], err
+
+
+def test_unknown_routes_chunked_oversize_and_openai_errors(smol):
+    _, url, _ = smol
+    for r, status in [(httpx.get(url + "/v1/nope"), 404), (httpx.get(url + C), 405),
+                      (httpx.post(url + C, content=iter([b"{" + b" " * (1 << 20), b"}"])), 413)]:
+        assert r.status_code == status and "message" in r.json()["error"]
+    with pytest.raises(openai.BadRequestError, match="n > 1 is not supported"):
+        client(url).completions.create(model="smollm2", prompt="hi", n=2)
+    with pytest.raises(openai.NotFoundError):
+        client(url).completions.create(model="gpt-4", prompt="hi")
+
+
+def test_disconnect_mid_stream_frees_the_sequence(smol):
+    llm, url, app = smol
+    body = {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=30) as h, h.stream("POST", url + C, json=body) as r:
+        first = json.loads(next(sse_events(r)))
+        assert first["object"] == "text_completion" and llm.target.live_sequences >= 1
+    assert wait_until(lambda: llm.target.live_sequences == 0 and app.state.speclm.engine.load == (0, 0))
+
+
+def test_concurrent_real_requests_finish_without_leaks(smol):
+    llm, url, _ = smol
+    out: list[str] = []
+
+    def one(i: int) -> None:
+        r = client(url).completions.create(model="smollm2", prompt=f"Item {i}:", max_tokens=12, temperature=0,
+                                           extra_body={"speculative": {"method": ("ar", "sd-ngram")[i % 2]}})
+        out.append(r.choices[0].text)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(out) == 4 and wait_until(lambda: llm.target.live_sequences == 0)
+
+
+# ---- exact toy models ----------------------------------------------------------
+def scrape(url: str, **headers) -> dict[tuple, float]:
+    r = httpx.get(url + "/metrics", headers=headers)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+
+
+def test_metrics_count_what_the_responses_report(toy):
+    _, url, _ = toy
+    before = scrape(url)
+    usages = [client(url).completions.create(model="toy", prompt="abcab", max_tokens=30, temperature=0.8,
+                                             seed=i).usage for i in range(3)]
+    httpx.post(url + C, json={"prompt": "abc", "max_tokens": 0})
+    after = scrape(url)
+
+    def delta(name: str, **labels) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    spec = [u.model_extra["speculative"] for u in usages]
+    assert delta("speclm_requests_total", route=C, status="200") == 3
+    assert delta("speclm_requests_total", route=C, status="400") == 1
+    assert delta("speclm_completion_tokens_total", method="sd-draft") == sum(u.completion_tokens for u in usages)
+    assert delta("speclm_prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert delta("speclm_spec_drafted_tokens_total", method="sd-draft") == sum(s["drafted"] for s in spec) > 0
+    assert delta("speclm_spec_accepted_tokens_total", method="sd-draft") == sum(s["accepted"] for s in spec)
+    assert delta("speclm_spec_position_proposed_total", method="sd-draft", position="1") > 0
+    assert delta("speclm_time_to_first_token_seconds_count", method="sd-draft") == 3
+    assert delta("speclm_request_duration_seconds_count", route=C) == 4
+    rate = after[("speclm_spec_acceptance_rate", (("method", "sd-draft"),))]
+    assert 0.0 <= rate <= 1.0
+    accepted = after[("speclm_spec_accepted_tokens_total", (("method", "sd-draft"),))]
+    drafted = after[("speclm_spec_drafted_tokens_total", (("method", "sd-draft"),))]
+    assert rate == pytest.approx(accepted / drafted)
+
+
+def test_greedy_output_is_identical_across_methods(toy):
+    """Lossless through the server: on the exact toy model every method gives AR's text."""
+    _, url, _ = toy
+    texts = set()
+    for spec in ({"method": "ar"}, {"method": "sd-draft", "k": 4}, {"method": "sd-ngram", "k": 2}):
+        r = client(url).completions.create(model="toy", prompt="abcabc", max_tokens=40, temperature=0,
+                                           extra_body={"speculative": spec})
+        s = r.usage.model_extra["speculative"]
+        assert s["method"] == spec["method"] and s["k"] == spec.get("k", 0)
+        texts.add(r.choices[0].text)
+    assert len(texts) == 1
+
+
+def test_sixteen_concurrent_streams_match_their_solo_runs(toy):
+    llm, url, app = toy
+    reqs = [dict(model="toy", prompt="".join(TOY_ALPHABET[(i * j + 1) % 26] for j in range(3 + i)),
+                 max_tokens=60 + 5 * i, temperature=0.9, seed=100 + i,
+                 extra_body={"speculative": {"method": ("sd-draft", "sd-ngram", "ar")[i % 3], "k": 2 + i % 3}})
+            for i in range(16)]
+    solo = [client(url).completions.create(**r).choices[0].text for r in reqs]
+    got: dict[int, str] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(16)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(10)
+            got[i] = "".join(c.choices[0].text for c in client(url).completions.create(**reqs[i], stream=True))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(16)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert [got[i] for i in range(16)] == solo
+    assert wait_until(lambda: app.state.speclm.engine.load == (0, 0))
+    assert llm.target.live_sequences == 0 and llm.draft.live_sequences == 0
+
+
+def test_api_key_guards_v1_and_metrics_only():
+    with live(create_app(toy_llm(), ServerConfig(model_id="toy", api_key="sekret"))) as (url, _):
+        with pytest.raises(openai.AuthenticationError):
+            client(url, "wrong").completions.create(model="toy", prompt="abc", max_tokens=3)
+        for path in ("/v1/models", "/metrics"):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+                r = httpx.get(url + path, headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            assert httpx.get(url + path, headers={"Authorization": "Bearer sekret"}).status_code == 200
+        r = client(url, "sekret").completions.create(model="toy", prompt="abc", max_tokens=3)
+        assert len(r.choices[0].text) == 3
+        assert httpx.get(url + "/health").status_code == 200
+
+
+def test_queue_full_is_429_and_the_time_limit_cancels():
+    llm = LLM(target=SlowToy(26, seed=4, n_ctx=1024))
+    app = create_app(llm, ServerConfig(model_id="slow", max_concurrency=1, max_queue=1, request_timeout_s=1.5))
+    body = {"prompt": "abc", "max_tokens": 900}
+    with live(app) as (url, _), httpx.Client(timeout=30) as h:
+        with h.stream("POST", url + C, json={**body, "stream": True}) as streaming:
+            events = sse_events(streaming)
+            next(events)
+            queued: list[httpx.Response] = []
+            waiter = threading.Thread(target=lambda: queued.append(httpx.post(url + C, json=body, timeout=30)))
+            waiter.start()
+            assert wait_until(lambda: app.state.speclm.engine.load == (1, 1))
+            full = h.post(url + C, json=body)
+            assert full.status_code == 429 and full.json()["error"]["code"] == "rate_limit_exceeded"
+            rest = list(events)
+        assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "request_timeout"
+        waiter.join(10)
+        assert queued[0].status_code == 504 and queued[0].json()["error"]["type"] == "timeout_error"
+        assert wait_until(lambda: llm.target.live_sequences == 0)
+
+
+def test_non_stream_disconnect_cancels_the_request():
+    llm = LLM(target=SlowToy(26, seed=4, n_ctx=1024))
+    app = create_app(llm, ServerConfig(model_id="slow"))
+    with live(app) as (url, _):
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url + C, json={"prompt": "abc", "max_tokens": 900}, timeout=0.3)
+        assert wait_until(lambda: app.state.speclm.engine.load == (0, 0), 1.0)  # 900 tokens take ~3 s
+        assert llm.target.live_sequences == 0
+        assert wait_until(lambda: scrape(url).get(
+            ("speclm_generations_total", (("finish_reason", "cancelled"), ("method", "ar")))) == 1)
+
+
+def test_shutdown_ends_in_flight_streams_cleanly():
+    llm = LLM(target=SlowToy(26, seed=4, n_ctx=1024))
+    app = create_app(llm, ServerConfig(model_id="slow"))
+    with live(app) as (url, server), httpx.Client(timeout=30) as h:
+        t0 = time.monotonic()
+        with h.stream("POST", url + C, json={"prompt": "abc", "max_tokens": 900, "stream": True}) as r:
+            events = sse_events(r)
+            next(events)
+            server.should_exit = True
+            rest = list(events)
+        assert time.monotonic() - t0 < 2.5  # 900 tokens would take about 3 s
+        assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "cancelled"
+    assert llm.target.live_sequences == 0 and app.state.speclm.closing
+
+
+def test_serve_parser_and_app(monkeypatch):
+    parser = argparse.ArgumentParser(prog="speclm")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", "--target", "smollm2-135m", "--threads", "1", "--n-ctx", "256",
+                              "--max-concurrency", "2"])
+    assert (args.host, args.port, args.func) == ("127.0.0.1", 8000, cmd_serve)
+    monkeypatch.setenv("SPECLM_API_KEY", "from-env")
+    llm, app = build_app(args)
+    try:
+        state = app.state.speclm
+        assert state.model_id == "smollm2-135m" and state.spec.method == "ar"
+        assert state.config.api_key == "from-env" and state.config.max_concurrency == 2
+        with live(app) as (url, _):
+            assert httpx.get(url + "/v1/models").status_code == 401
+            r = client(url, "from-env").completions.create(model="smollm2-135m", prompt="Hi", max_tokens=2)
+            assert r.usage.completion_tokens <= 2
+    finally:
+        llm.close()
