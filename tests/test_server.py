@@ -402,3 +402,17 @@ def test_serve_parser_and_app(monkeypatch):
             assert r.usage.completion_tokens <= 2
     finally:
         llm.close()
+
+
+def test_the_load_test_tool_reports_every_request(smol):
+    """speclm.server.loadtest, used for the load figures in notes, counts what it sends."""
+    from speclm.server.loadtest import run_load
+
+    llm, url, _ = smol
+    res = run_load(url, clients=3, requests=6, max_tokens=8, api_key=None,
+                   speculative={"method": "sd-ngram", "k": 3}, time_limit_s=120)
+    summary = res.summary()
+    assert summary["requests"] == 6 and summary["errors"] == 0, summary["error_samples"]
+    assert summary["completion_tokens"] == 6 * 8 and len(res.ttft_s) == 6
+    assert summary["latency_p50_s"] <= summary["latency_p99_s"]
+    assert wait_until(lambda: llm.target.live_sequences == 0)
