@@ -1,4 +1,4 @@
-"""`speclm` command line: generate | models.
+"""`speclm` command line: generate | models | serve | bench.
 
 Every user-fixable error is printed as one line `speclm: error: ...` and the
 command exits 1 (2 for usage errors, as argparse does).
@@ -49,6 +49,7 @@ def _add_generate(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .bench.cli import add_bench_parser
     from .models.cli import add_models_parser
     from .server.cli import add_serve_parser
     parser = argparse.ArgumentParser(prog="speclm", description="Lossless speculative decoding.")
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     add_models_parser(sub)
     add_serve_parser(sub)
+    add_bench_parser(sub)
     return parser
 
 

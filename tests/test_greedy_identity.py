@@ -109,3 +109,9 @@ def test_qwen_pair_draft_model_greedy_matches_plain(qwen_pair, monkeypatch, k, p
         pos = report.first_divergence
         noise = batch_noise(llm.target, ids + ar.token_ids[:max(0, pos - k)], ar.token_ids[max(0, pos - k): pos + 1])
         assert report.ar_top2_margin < 2 * noise, f"{report.describe()}; batch noise {noise:.3f}"
+
+
+def test_identity_report_when_one_output_stops_earlier():
+    report = compare_greedy(ToyBackend(4), [0, 1], [1, 2, 3], [1, 2])
+    assert not report.identical and report.first_divergence == 2
+    assert "ended earlier" in report.describe()

@@ -31,6 +31,8 @@ class IdentityReport:
     def describe(self) -> str:
         if self.identical:
             return f"identical ({self.compared_tokens} tokens)"
+        if self.ar_top2_margin is None:
+            return f"same first {self.compared_tokens} tokens, then one output ended earlier"
         return (f"differs at token {self.first_divergence} (AR {self.ar_token} vs SD {self.sd_token}; "
                 f"AR top-1/top-2 logit margin {self.ar_top2_margin:.4f})")
 

@@ -1,0 +1,200 @@
+"""`speclm bench`: sweep methods × K × temperature over prompt categories and
+write raw traces, summary.json, report.md, plots and manifest.json.
+
+Wire it with `add_bench_parser(subparsers)`; the command's function is
+`cmd_bench(args) -> exit code`. `run_to_dir` is the same pipeline for an
+already built LLM (tests, notebooks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..api import LLM
+from ..backends.base import Backend
+from ..errors import InvalidRequestError
+from ..sampling import SamplingParams
+from .manifest import build_manifest, describe_model
+from .methods import METHODS, parse_methods
+from .plots import write_plots
+from .report import MAIN_HEADER, build_summary, render_markdown, table_rows
+from .runner import BenchConfig, TraceSink, busy_warning, run_bench
+from .workloads import Prompt, load_builtin, load_dataset, prompt_set_hash, select
+
+# Sized by measurement on 2 Zen 3 cores: ~6 prompts × (AR + sd-draft + sd-ngram) × 48 tokens.
+QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "k": [4],
+         "temperature": [0.0], "max_new_tokens": [48], "methods": ["ar", "sd-draft", "sd-ngram"],
+         "repeats": 1, "concurrency": []}
+DEFAULTS = {"categories": None, "prompts_per_category": 20, "k": [2, 4, 8], "temperature": [0.0],
+            "max_new_tokens": [128], "methods": ["ar", "sd-draft", "sd-ngram"], "repeats": 1,
+            "concurrency": []}
+
+
+def _csv(kind: Callable[[str], object], what: str) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        try:
+            items = [kind(x.strip()) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected at least one {what}")
+        return items
+    return parse
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `bench` on an argparse subparsers object."""
+    b = subparsers.add_parser("bench", help="benchmark methods against plain decoding",
+                              description="Benchmark speculative methods against plain (AR) decoding, "
+                                          "interleaved per prompt, and write a report.")
+    b.add_argument("--target", default=None, help="target model: name or GGUF path (default qwen2.5-coder-1.5b)")
+    b.add_argument("--draft", default=None, help="draft model for sd-draft (default qwen2.5-coder-0.5b "
+                   "when the target is the default)")
+    b.add_argument("--categories", type=_csv(str, "category names"), default=None,
+                   help="humaneval,code-edit,chat,summarize,translate,math (default: all)")
+    b.add_argument("--prompts-per-category", type=int, default=None, help="first N prompts of each (default 20)")
+    b.add_argument("--methods", type=_csv(str, "method names"), default=None,
+                   help=f"comma-separated, from {', '.join(METHODS)} (AR always runs; default ar,sd-draft,sd-ngram)")
+    b.add_argument("--k", type=_csv(int, "integers"), default=None, help="draft lengths (default 2,4,8)")
+    b.add_argument("--temperature", type=_csv(float, "numbers"), default=None, help="default 0 (greedy)")
+    b.add_argument("--max-new-tokens", type=_csv(int, "integers"), default=None, help="default 128")
+    b.add_argument("--repeats", type=int, default=None, help="repeats of the whole sweep (default 1)")
+    b.add_argument("--seed", type=int, default=0, help="base sampling seed (default 0)")
+    b.add_argument("--concurrency", type=_csv(int, "integers"), default=None,
+                   help="also measure throughput with N requests in flight, e.g. 1,2,4")
+    b.add_argument("--dataset", default=None, help="Spec-Bench question.jsonl or JSONL of {category, prompt}")
+    b.add_argument("--out", default=None, help="output directory (default bench-out/<timestamp>)")
+    b.add_argument("--quick", action="store_true", help="a small smoke sweep (~2 prompts × 3 categories, "
+                   "K=4, greedy, 48 tokens); explicit flags override it")
+    b.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    b.add_argument("--n-ctx", type=int, default=4096, help="context per sequence (default 4096)")
+    b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
+    b.set_defaults(func=cmd_bench)
+    return b
+
+
+def resolve_args(args: argparse.Namespace) -> dict:
+    """Flag values with --quick (or the defaults) filling what was not given; validated."""
+    base = QUICK if args.quick else DEFAULTS
+    v = {key: getattr(args, key) if getattr(args, key) is not None else base[key] for key in base}
+    if getattr(args, "dataset", None) and args.categories is None:
+        v["categories"] = None  # a dataset's own categories, all of them
+    for key in ("prompts_per_category", "repeats"):
+        if v[key] is not None and v[key] < 1:
+            raise InvalidRequestError(f"--{key.replace('_', '-')} must be >= 1, got {v[key]}")
+    if any(n < 1 for n in v["concurrency"]):
+        raise InvalidRequestError(f"--concurrency values must be >= 1, got {v['concurrency']}")
+    cfg = BenchConfig(methods=v["methods"], ks=v["k"], temperatures=v["temperature"],
+                      max_new_tokens=v["max_new_tokens"], repeats=v["repeats"], seed=args.seed,
+                      concurrency=v["concurrency"], ignore_eos=args.ignore_eos)
+    for method, k in cfg.configs():  # fail before loading any model
+        method.spec(k)
+    for t in cfg.temperatures:
+        for n in cfg.max_new_tokens:
+            SamplingParams(temperature=t, max_new_tokens=n, seed=args.seed)
+    return {**v, "config": cfg}
+
+
+def load_prompts(dataset: str | None, categories: list[str] | None, n: int | None) -> list[Prompt]:
+    pool = load_dataset(dataset) if dataset else load_builtin(categories, None)
+    return select(pool, categories, n)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True))
+
+
+def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path, *,
+               target_spec: str | Backend | None = None, draft_spec: str | Backend | None = None,
+               threads: int | None = None, dataset: str | None = None, progress: bool = True) -> dict:
+    """Run the sweep on `llm` and write every output file into out_dir.
+    Returns {"summary", "manifest", "report"} (report = path of report.md)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(cfg.configs())
+    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * len(cfg.configs())
+    sink = TraceSink(out_dir)
+    bar = _progress() if progress else None
+    try:
+        if bar:
+            bar.start()
+            t_req = bar.add_task("requests", total=n_req)
+            t_conc = bar.add_task("concurrency", total=n_conc, visible=n_conc > 0)
+        run = run_bench(llm, prompts, cfg, sink,
+                        on_request=(lambda r: bar.advance(t_req)) if bar else None,
+                        on_concurrency=(lambda r: bar.advance(t_conc)) if bar else None)
+    finally:
+        if bar:
+            bar.stop()
+        sink.close()
+    summary = build_summary(run, cfg.to_dict())
+    target = describe_model(target_spec, llm.target)
+    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods))
+    draft = describe_model(draft_spec, llm.draft) if uses_draft else None
+    manifest = build_manifest(
+        target=target, draft=draft, config=cfg.to_dict(), prompts_hash=prompt_set_hash(prompts),
+        n_prompts=len(prompts), categories=list(dict.fromkeys(p.category for p in prompts)),
+        dataset=dataset, threads=threads or getattr(llm.target, "n_threads", None), seed=cfg.seed,
+        load_before=run.load_before, load_after=run.load_after, started=run.started, ended=run.ended)
+    plots = write_plots(summary, run.requests, out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    report = out_dir / "report.md"
+    report.write_text(render_markdown(summary, manifest, plots), encoding="utf-8")
+    return {"summary": summary, "manifest": manifest, "report": report}
+
+
+def print_main_table(summary: dict, console: Console | None = None) -> None:
+    """The main table, the verdicts and any warnings (rich)."""
+    if console is None:
+        console = Console(highlight=False)
+        if not console.is_terminal:
+            console.width = max(console.width, 150)
+    table = Table(title="speclm bench: speedup vs AR (same prompts, same run)")
+    for i, name in enumerate(MAIN_HEADER):
+        table.add_column(escape(name), justify="left" if i < 2 else "right")
+    for row in table_rows(summary):
+        table.add_row(*map(escape, row))
+    console.print(table)
+    for v in summary["verdicts"]:
+        console.print(f"enable speculation for [bold]{escape(v['category'])}[/] (T={v['temperature']:g})? "
+                      f"{escape(v['evidence'])}")
+    for w in summary["warnings"]:
+        console.print(f"[bold red]WARNING:[/] {escape(w)}")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Entry point of `speclm bench`."""
+    from ..models.registry import DEFAULT_DRAFT
+    v = resolve_args(args)
+    cfg: BenchConfig = v["config"]
+    prompts = load_prompts(args.dataset, v["categories"], v["prompts_per_category"])
+    needs_draft = any(m.needs_draft for m in parse_methods(cfg.methods))
+    draft = args.draft or (DEFAULT_DRAFT if args.target is None and needs_draft else None)
+    if needs_draft and draft is None:
+        raise InvalidRequestError("method sd-draft needs a draft model: pass --draft NAME|PATH "
+                                  "or drop sd-draft from --methods")
+    err = Console(stderr=True, highlight=False)
+    warning = busy_warning(os.getloadavg()[0], os.cpu_count() or 1)
+    if warning:
+        err.print(f"[bold red]WARNING:[/] {escape(warning)}")
+    out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
+    from ..models.registry import DEFAULT_TARGET
+    target = args.target or DEFAULT_TARGET
+    with LLM(target=target, draft=draft if needs_draft else None, n_ctx=args.n_ctx, n_threads=args.threads,
+             max_sequences=max([2, *cfg.concurrency])) as llm:
+        out = run_to_dir(llm, prompts, cfg, out_dir, target_spec=target, draft_spec=draft,
+                         threads=args.threads, dataset=args.dataset, progress=True)
+    print_main_table(out["summary"])
+    print(f"report: {out['report']}")
+    return 0

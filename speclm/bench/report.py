@@ -1,0 +1,284 @@
+"""Benchmark arithmetic (pure functions over recorded traces) and report.md.
+
+Definitions (design note §2, one each):
+- acceptance rate            Σ a_r / Σ K_r
+- mean acceptance length     Σ (a_r + 1) / rounds
+- per-position acceptance j  #(a_r ≥ j) / #(K_r ≥ j)
+- speedup                    AR wall / method wall, same prompts, same run:
+                             the headline is Σ AR wall / Σ method wall over a
+                             group's (prompt, repeat) pairs; the spread is the
+                             distribution of the per-pair ratios.
+Percentiles interpolate linearly between order statistics (numpy's default).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+from .methods import BASELINE
+
+GROUP_KEYS = ("category", "method", "k", "temperature", "max_new_tokens")
+PAIR_KEYS = ("category", "prompt_index", "repeat", "temperature", "max_new_tokens")
+
+
+# ---- per-request counts ------------------------------------------------------
+def _pa(r) -> tuple[int, int]:
+    """(proposed, accepted) of a RoundRecord or of its dict form."""
+    return (r["proposed"], r["accepted"]) if isinstance(r, dict) else (r.proposed, r.accepted)
+
+
+def round_counts(rounds: Iterable) -> dict:
+    """Sufficient statistics of a trace: totals, and per position j = 1..max K the
+    rounds with K_r ≥ j (eligible), with a_r ≥ j (accepted) and rejected exactly at j."""
+    pairs = [_pa(r) for r in rounds]
+    max_k = max((k for k, _ in pairs), default=0)
+    elig, acc, rej = [0] * max_k, [0] * max_k, [0] * max_k
+    for k, a in pairs:
+        for j in range(k):
+            elig[j] += 1
+            acc[j] += a > j
+        if a < k:
+            rej[a] += 1
+    return {"rounds": len(pairs), "proposed": sum(k for k, _ in pairs),
+            "accepted": sum(a for _, a in pairs), "emitted": sum(a + 1 for _, a in pairs),
+            "full_accepts": sum(1 for k, a in pairs if k > 0 and a == k),
+            "pos_eligible": elig, "pos_accepted": acc, "rejection_hist": rej}
+
+
+def merge_counts(counts: Iterable[dict]) -> dict:
+    """Sum round_counts dicts (position lists padded to the longest)."""
+    out = {"rounds": 0, "proposed": 0, "accepted": 0, "emitted": 0, "full_accepts": 0,
+           "pos_eligible": [], "pos_accepted": [], "rejection_hist": []}
+    for c in counts:
+        for key in ("rounds", "proposed", "accepted", "emitted", "full_accepts"):
+            out[key] += c[key]
+        for key in ("pos_eligible", "pos_accepted", "rejection_hist"):
+            cur, add = out[key], c[key]
+            cur.extend([0] * (len(add) - len(cur)))
+            for j, v in enumerate(add):
+                cur[j] += v
+    return out
+
+
+def acceptance_from_counts(c: dict) -> dict:
+    """acceptance_rate, mean_acceptance_length, per_position_acceptance (None when undefined)."""
+    return {"acceptance_rate": c["accepted"] / c["proposed"] if c["proposed"] else None,
+            "mean_acceptance_length": c["emitted"] / c["rounds"] if c["rounds"] else None,
+            "per_position_acceptance": [a / e for a, e in zip(c["pos_accepted"], c["pos_eligible"]) if e]}
+
+
+# ---- distributions -------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """q-th percentile (0..100), linear interpolation; ValueError on no values."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("percentile of no values")
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def distribution(values: Iterable[float | None]) -> dict:
+    """n, mean, min, q1 (p25), p50, q3 (p75), p95, p99, max of the non-None values."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return {"n": 0, "mean": None, "min": None, "q1": None, "p50": None, "q3": None,
+                "p95": None, "p99": None, "max": None}
+    return {"n": len(xs), "mean": sum(xs) / len(xs), "min": min(xs), "q1": percentile(xs, 25),
+            "p50": percentile(xs, 50), "q3": percentile(xs, 75), "p95": percentile(xs, 95),
+            "p99": percentile(xs, 99), "max": max(xs)}
+
+
+# ---- speedup --------------------------------------------------------------------
+def pair_with_ar(requests: Sequence[dict]) -> list[tuple[dict, dict]]:
+    """(method record, AR record of the same prompt, repeat, T and max_new_tokens)."""
+    ar = {tuple(r[k] for k in PAIR_KEYS): r for r in requests if r["method"] == BASELINE}
+    return [(r, ar[key]) for r in requests
+            if r["method"] != BASELINE and (key := tuple(r[k] for k in PAIR_KEYS)) in ar]
+
+
+def speedup_stats(pairs: Sequence[tuple[dict, dict]]) -> dict:
+    """Headline Σ AR wall / Σ method wall; spread of per-pair ratios; prompts faster
+    (per prompt: Σ AR / Σ method over its repeats > 1); decode_speedup: the same
+    ratio with each request's prefill excluded (what speculation can act on)."""
+    if not pairs:
+        return {"speedup": None, "decode_speedup": None, "speedup_dist": distribution([]),
+                "prompts_faster": 0, "prompts": 0}
+    ratios = [ar["wall_ms"] / m["wall_ms"] for m, ar in pairs]
+    per_prompt: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for m, ar in pairs:
+        acc = per_prompt[(m["category"], m["prompt_index"])]
+        acc[0] += ar["wall_ms"]
+        acc[1] += m["wall_ms"]
+    decode = [(ar["wall_ms"] - ar.get("prefill_ms", 0.0), m["wall_ms"] - m.get("prefill_ms", 0.0)) for m, ar in pairs]
+    return {"speedup": sum(ar["wall_ms"] for _, ar in pairs) / sum(m["wall_ms"] for m, _ in pairs),
+            "decode_speedup": sum(a for a, _ in decode) / sum(b for _, b in decode)
+            if sum(b for _, b in decode) > 0 else None,
+            "speedup_dist": distribution(ratios),
+            "prompts_faster": sum(1 for a, b in per_prompt.values() if a > b),
+            "prompts": len(per_prompt)}
+
+
+# ---- groups ---------------------------------------------------------------------
+def label(row: dict) -> str:
+    return row["method"] if row["method"] == BASELINE else f"{row['method']} K={row['k']}"
+
+
+def group_row(key: tuple, recs: Sequence[dict], pairs: Sequence[tuple[dict, dict]]) -> dict:
+    """One category × method × K × T × max_new_tokens row."""
+    counts = merge_counts(recs)
+    wall = sum(r["wall_ms"] for r in recs)
+    tokens = sum(r["output_tokens"] for r in recs)
+    ident = [r["identity"] for r in recs if r.get("identity") is not None]
+    sp = speedup_stats(pairs) if key[1] != BASELINE else {
+        "speedup": 1.0, "decode_speedup": 1.0, "speedup_dist": distribution([1.0] * len(recs)), "prompts_faster": 0,
+        "prompts": len({r["prompt_index"] for r in recs})}
+    return {**dict(zip(GROUP_KEYS, key)), "requests": len(recs), **sp, **acceptance_from_counts(counts),
+            "counts": counts, "output_tokens": tokens, "wall_ms": wall,
+            "tokens_per_s": 1000.0 * tokens / wall if wall > 0 else 0.0,
+            "tokens_per_s_dist": distribution(r["tokens_per_s"] for r in recs),
+            "latency_ms": distribution(r["wall_ms"] for r in recs),
+            "ttft_ms": distribution(r["ttft_ms"] for r in recs),
+            "tpot_ms": distribution(r["tpot_ms"] for r in recs),
+            "draft_share": sum(r["draft_ms"] for r in recs) / wall if wall > 0 else 0.0,
+            "verify_share": sum(r["verify_ms"] for r in recs) / wall if wall > 0 else 0.0,
+            "identity": {"compared": len(ident), "identical": sum(1 for i in ident if i["identical"])}
+            if ident else None}
+
+
+def group_rows(requests: Sequence[dict], overall: bool = True) -> list[dict]:
+    """Rows per category (in first-seen order) and, with more than one category, 'all'."""
+    cats = list(dict.fromkeys(r["category"] for r in requests))
+    scopes = [(c, [r for r in requests if r["category"] == c]) for c in cats]
+    if overall and len(cats) > 1:
+        scopes.append(("all", list(requests)))
+    rows = []
+    for cat, recs in scopes:
+        pairs = pair_with_ar(recs)
+        groups: dict[tuple, list[dict]] = defaultdict(list)
+        for r in recs:
+            groups[(cat, *(r[k] for k in GROUP_KEYS[1:]))].append(r)
+        for key, grp in groups.items():
+            mine = [(m, a) for m, a in pairs if (m["method"], m["k"], m["temperature"],
+                                                 m["max_new_tokens"]) == key[1:]]
+            rows.append(group_row(key, grp, mine))
+    return rows
+
+
+def verdicts(rows: Sequence[dict]) -> list[dict]:
+    """Per category × T × max_new_tokens: enable speculation iff the best config
+    (by p50 speedup) has p50 > 1, total speedup > 1 and most prompts faster."""
+    out = []
+    scopes = dict.fromkeys((r["category"], r["temperature"], r["max_new_tokens"]) for r in rows)
+    for cat, temp, max_new in scopes:
+        cands = [r for r in rows if (r["category"], r["temperature"], r["max_new_tokens"]) == (cat, temp, max_new)
+                 and r["method"] != BASELINE and r["speedup"] is not None]
+        if not cands:
+            continue
+        best = max(cands, key=lambda r: (r["speedup_dist"]["p50"], r["speedup"]))
+        p50, tot, d = best["speedup_dist"]["p50"], best["speedup"], best["speedup_dist"]
+        faster = f"{best['prompts_faster']}/{best['prompts']} prompts faster"
+        enable = p50 > 1.0 and tot > 1.0 and best["prompts_faster"] * 2 > best["prompts"]
+        if enable:
+            evidence = (f"yes: {label(best)} {p50:.2f}× (p50; total {tot:.2f}×, "
+                        f"range {d['min']:.2f}–{d['max']:.2f}×), {faster}")
+        else:
+            evidence = f"no: best method {label(best)} {p50:.2f}× AR (p50; total {tot:.2f}×), {faster}"
+        out.append({"category": cat, "temperature": temp, "max_new_tokens": max_new, "enable": enable,
+                    "best": {"method": best["method"], "k": best["k"]}, "evidence": evidence})
+    return out
+
+
+def divergences(requests: Sequence[dict]) -> list[dict]:
+    """Greedy runs whose output differs from AR's, with AR's top-1/top-2 margin there."""
+    return [{"request_id": r["request_id"], "category": r["category"], "prompt_index": r["prompt_index"],
+             "repeat": r["repeat"], "method": r["method"], "k": r["k"], **r["identity"]}
+            for r in requests if r.get("identity") and not r["identity"]["identical"]]
+
+
+def build_summary(run, config: dict) -> dict:
+    """summary.json: rows, verdicts, identity, concurrency, load and warnings of a BenchRun."""
+    rows = group_rows(run.requests)
+    return {"config": config, "rows": rows, "verdicts": verdicts(rows),
+            "identity_divergences": divergences(run.requests), "concurrency": run.concurrency,
+            "load_before": list(run.load_before), "load_after": list(run.load_after),
+            "warnings": list(run.warnings), "wall_s": run.ended - run.started,
+            "peak_rss_mb": max((r["peak_rss_mb"] for r in run.requests), default=None)}
+
+
+def _f(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+MAIN_HEADER = ("category", "method", "T", "speedup", "p50 [min–max]", "faster", "excl. prefill",
+               "acc rate", "mean acc len", "tok/s", "identical")
+
+
+def table_rows(summary: dict) -> list[tuple[str, ...]]:
+    """The main table: one line per category × method × K × T (× max_new_tokens)."""
+    out = []
+    for r in summary["rows"]:
+        d, ident = r["speedup_dist"], r["identity"]
+        base = r["method"] == BASELINE
+        out.append((r["category"] + ("" if len(summary["config"]["max_new_tokens"]) < 2 else f" N={r['max_new_tokens']}"),
+                    label(r), f"{r['temperature']:g}", "1.00× (base)" if base else f"{_f(r['speedup'])}×",
+                    "-" if base else f"{_f(d['p50'])} [{_f(d['min'])}–{_f(d['max'])}]",
+                    "-" if base else f"{r['prompts_faster']}/{r['prompts']}",
+                    "-" if base else f"{_f(r['decode_speedup'])}×", _f(r["acceptance_rate"], ".3f"),
+                    _f(r["mean_acceptance_length"]), _f(r["tokens_per_s"], ".1f"),
+                    "-" if not ident else f"{ident['identical']}/{ident['compared']}"))
+    return out
+
+
+def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
+    """report.md: warnings, verdicts, main table, distributions, acceptance, identity, concurrency."""
+    m = manifest
+    parts = ["# speclm bench report", "",
+             f"Target (output is lossless against): `{m['models']['target']['name']}`"
+             + (f"; draft `{m['models']['draft']['name']}`" if m["models"].get("draft") else ""),
+             f"CPU: {m['machine']['cpu_model']}, {m['machine']['cores']} cores, {m['machine']['threads'] or '-'} threads. "
+             f"Load average before {summary['load_before'][0]:.2f}, after {summary['load_after'][0]:.2f}. "
+             f"Wall {summary['wall_s']:.0f} s, peak RSS {_f(summary['peak_rss_mb'], '.0f')} MiB.", ""]
+    parts += [f"> **WARNING**: {w}" for w in summary["warnings"]] + [""] if summary["warnings"] else []
+    parts += ["## Enable speculation here?", ""]
+    if summary["warnings"]:
+        parts += ["_The machine was busy (see the warning above): these verdicts rest on noisy timings._", ""]
+    parts += [f"- **{v['category']}** (T={v['temperature']:g}, {v['max_new_tokens']} tokens): {v['evidence']}"
+              for v in summary["verdicts"]]
+    parts += ["", "## Results", "", "speedup = Σ AR wall / Σ method wall over the same prompts in this run; "
+              "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", _md_table(MAIN_HEADER, table_rows(summary)), "",
+              "## Distributions (ms)", ""]
+    dist_rows = [(r["category"], label(r), f"{r['temperature']:g}",
+                  *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))
+                    for key in ("latency_ms", "ttft_ms", "tpot_ms")),
+                  f"{r['draft_share']:.0%} / {r['verify_share']:.0%}") for r in summary["rows"]]
+    parts += [_md_table(("category", "method", "T", "latency p50/p95/p99", "TTFT p50/p95/p99",
+                         "TPOT p50/p95/p99", "draft / verify share"), dist_rows), "",
+              "## Per-position acceptance and rejections", ""]
+    acc_rows = [(r["category"], label(r), f"{r['temperature']:g}",
+                 " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]),
+                 " ".join(str(x) for x in r["counts"]["rejection_hist"]), str(r["counts"]["full_accepts"]))
+                for r in summary["rows"] if r["method"] != BASELINE]
+    parts += [_md_table(("category", "method", "T", "acceptance at j=1..K", "rejections at j=1..K",
+                         "all accepted"), acc_rows), "", "## Greedy identity with AR", ""]
+    divs = summary["identity_divergences"]
+    parts += ["All greedy outputs identical to AR." if not divs else
+              "Differences (a tiny AR top-1/top-2 margin points at batch numerics, a large one at a bug):"]
+    parts += [f"- {d['category']} #{d['prompt_index']} {d['method']} K={d['k']}: token {d['first_divergence']}, "
+              f"margin {_f(d['ar_top2_margin'], '.4f')}" for d in divs]
+    if summary["concurrency"]:
+        conc_rows = [(str(c["concurrency"]), label(c), f"{c['temperature']:g}", _f(c["throughput_tok_s"], ".1f"),
+                      *(" / ".join(_f(c[key][q], ".0f") for q in ("p50", "p95", "p99"))
+                        for key in ("latency_ms", "ttft_ms"))) for c in summary["concurrency"]]
+        parts += ["", "## Concurrency", "", _md_table(("N", "method", "T", "tok/s", "latency p50/p95/p99",
+                                                       "TTFT p50/p95/p99"), conc_rows)]
+    parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    return "\n".join(parts)

