@@ -53,17 +53,27 @@ def test_speculates_where_it_pays():
 
 
 def test_falls_back_to_plain_decoding_within_bounded_rounds():
-    """A 22 ms/token draft model at 30 % acceptance never pays: K = 0 after a few
-    rounds, apart from short probes (one every `probe_every` rounds, doubled
-    only after a fully accepted probe)."""
-    ctrl = GoodputController(CostModel(verify_ms=dict(QWEN_VERIFY), draft_ms_per_token=22.0), k_max=8,
+    """A cheap (2 ms/token) draft at 30 % acceptance does not pay: K = 0 after a
+    few rounds, apart from short probes (one every `probe_every` rounds,
+    doubled only after a fully accepted probe)."""
+    ctrl = GoodputController(CostModel(verify_ms=dict(QWEN_VERIFY), draft_ms_per_token=2.0), k_max=8,
                              probe_every=16)
-    ks = run_trace(ctrl, 0.3, 400, draft_ms=22.0)
+    ks = run_trace(ctrl, 0.3, 400, draft_ms=2.0)
     first_zero = ks.index(0)
     assert first_zero <= 5
     tail = ks[first_zero:]
     assert sum(k > 0 for k in tail) <= len(tail) / 8  # probes: ~1/16 of rounds, plus rare doublings
     assert sum(tail) <= len(tail) / 5  # drafted tokens spent probing
+
+
+def test_no_probes_when_speculation_cannot_pay_at_any_acceptance():
+    """The measured Qwen pair: a 22 ms draft step against a 32 ms target step.
+    Even at 98 % acceptance no K beats plain decoding, so auto never drafts."""
+    ctrl = GoodputController(CostModel(verify_ms=dict(QWEN_VERIFY), draft_ms_per_token=22.0), k_max=8,
+                             probe_every=4)
+    ks = run_trace(ctrl, 0.99, 100, draft_ms=22.0)
+    assert set(ks) == {0}
+    assert "no K pays" in ctrl.choose(8)[1]
 
 
 def test_speculation_comes_back_after_a_shift():

@@ -5,7 +5,10 @@ Goodput rule: with per-token acceptance α, a round drafting K tokens emits
 E(K) = (1 − α^(K+1)) / (1 − α) tokens in expectation and costs
 c·K + v(K+1) + o ms (c: draft ms per token, v(b): ms to score a block of b
 tokens, o: per-round overhead). Pick the K in 0..K_max maximising
-E(K) / cost(K); K = 0 is a plain decoding step. While at K = 0 a one-token
+E(K) / cost(K); K = 0 is a plain decoding step. If no K > 0 would pay even at
+an optimistic acceptance (OPTIMISTIC_ALPHA) — e.g. a draft model whose step
+costs most of a target step — speculation is off and no probe is spent.
+Otherwise, while at K = 0 a one-token
 probe runs every `probe_every` rounds; a fully accepted probe is followed at
 once by one twice as long, so a workload that turns predictable brings
 speculation back within a few probes, while on an unpredictable one the
@@ -104,6 +107,9 @@ def expected_emitted(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+OPTIMISTIC_ALPHA = 0.98
+
+
 class GoodputController:
     """Per-request K choice; acceptance is per sequence, costs are shared."""
 
@@ -125,9 +131,18 @@ class GoodputController:
         """Expected emitted tokens per ms when drafting k."""
         return expected_emitted(self.alpha, k) / self.cost.round_ms(k)
 
+    def could_pay(self, cap: int) -> bool:
+        """Would some K in 1..cap beat plain decoding at an optimistic acceptance?"""
+        plain = 1.0 / self.cost.round_ms(0)
+        return any(expected_emitted(OPTIMISTIC_ALPHA, k) / self.cost.round_ms(k) > plain
+                   for k in range(1, cap + 1))
+
     def choose(self, k_cap: int) -> tuple[int, str]:
         cap = min(self.k_max, k_cap)
         best = max(range(cap + 1), key=self.rate)
+        if best == 0 and cap >= 1 and not self.could_pay(cap):
+            self.probe_k = self._probing = 0
+            return 0, f"K=0: no K pays even at alpha={OPTIMISTIC_ALPHA} with these costs"
         if best == 0 and cap >= 1:
             self.rounds_at_zero += 1
             if self.probe_k or self.rounds_at_zero >= self.probe_every:
@@ -157,6 +172,12 @@ class HeuristicController:
 
     def __init__(self, k_init: int, k_max: int):
         self.k, self.k_max = k_init, k_max
+
+    def could_pay(self, cap: int) -> bool:
+        """Would some K in 1..cap beat plain decoding at an optimistic acceptance?"""
+        plain = 1.0 / self.cost.round_ms(0)
+        return any(expected_emitted(OPTIMISTIC_ALPHA, k) / self.cost.round_ms(k) > plain
+                   for k in range(1, cap + 1))
 
     def choose(self, k_cap: int) -> tuple[int, str]:
         return min(self.k, k_cap), f"K={self.k} (+2/-1)"
