@@ -1,4 +1,4 @@
-"""`speclm models list|path|verify` subcommands.
+"""`speclm models list|path|verify|prepare|compare` subcommands.
 
 Each handler takes the parsed args and returns an exit code. User-fixable
 problems are raised as ModelError for the main CLI to print as one line.
@@ -29,7 +29,11 @@ def _rows() -> list[tuple[str, str, str, str, str]]:
     for status in list_models():
         role = status.role + (" (default)" if status.name in (DEFAULT_TARGET, DEFAULT_DRAFT) else "")
         path = str(status.path) if status.path else "-"
-        rows.append((status.name, role, status.state, path, _human(REGISTRY[status.name].size)))
+        if status.name in REGISTRY:
+            size = _human(REGISTRY[status.name].size)
+        else:  # a prepared variant: its file's size
+            size = _human(status.path.stat().st_size) if status.path and status.path.exists() else "-"
+        rows.append((status.name, role, status.state, path, size))
     return rows
 
 
@@ -60,22 +64,28 @@ def cmd_path(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Fully hash each model; print OK/FAILED (REPAIRED with --repair). 1 if any still failed."""
-    names = args.names or list(REGISTRY)
+    """Fully hash each model (and NAME@QUANT variant); print OK/FAILED (REPAIRED with --repair). 1 if any still failed."""
+    from speclm.models import variants
+    names = args.names or [*REGISTRY, *(v.name for v in variants.list_variants())]
     for name in names:
         if name not in REGISTRY and (name.endswith(".gguf") or "/" in name):
             raise ModelError(f"{name} is a local file: verify checks registered models against their known "
                              f"sha256; a local file has none — re-download or re-convert it if it fails to load")
-        get_spec(name)  # a typo is a usage error: fail before hashing anything
+        if variants.SEP in name and name not in REGISTRY:
+            variants.split_name(name)
+        else:
+            get_spec(name)  # a typo is a usage error: fail before hashing anything
     failed = 0
     for name in names:
+        is_variant = variants.SEP in name and name not in REGISTRY
         try:
-            path = verify_model(name, full=True)
+            path = variants.verify_variant(name) if is_variant else verify_model(name, full=True)
             print(f"OK       {name}  {path}")
         except ModelError as exc:
             if args.repair and isinstance(exc, CorruptModelError):
                 try:
-                    path = repair_model(name)
+                    path = variants.prepare_variant(*variants.split_name(name), force=True) if is_variant \
+                        else repair_model(name)
                     print(f"REPAIRED {name}  {path}")
                     continue
                 except ModelError as exc2:
@@ -85,10 +95,45 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """Requantise a registered model; print the derived name and its path."""
+    from speclm.models.variants import derived_name, prepare_variant
+    if args.threads is not None and args.threads < 1:
+        raise ModelError(f"--threads must be >= 1, got {args.threads}")
+    path = prepare_variant(args.name, args.quant, force=args.force, n_threads=args.threads)
+    print(f"{derived_name(args.name, args.quant)}  {path}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Measure models side by side (size, perplexity, agreement, AR tok/s, v(k)); table or JSON."""
+    import json
+
+    from speclm.models.compare import compare_models, print_table
+    if len(args.models) < 2:
+        raise ModelError("compare needs at least two models, e.g. `speclm models compare "
+                         "qwen2.5-coder-1.5b qwen2.5-coder-1.5b@q4_0`")
+    if args.texts < 0 or args.ar_tokens < 0:
+        raise ModelError(f"--texts and --ar-tokens must be >= 0, got {args.texts} and {args.ar_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise ModelError(f"--threads must be >= 1, got {args.threads}")
+    if not 1 <= args.k_max <= 64:
+        raise ModelError(f"--k-max must be in [1, 64], got {args.k_max}")
+    progress = None if args.quiet else (lambda msg: print(f"[compare] {msg}", file=sys.stderr, flush=True))
+    result = compare_models(*args.models, texts=args.texts, n_threads=args.threads,
+                            ks=range(1, args.k_max + 1), ar_tokens=args.ar_tokens,
+                            quality=not args.no_quality, progress=progress)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_table(result)
+    return 0
+
+
 def add_models_parser(subparsers: Any) -> None:
-    """Register `models` (with list/path/verify) on an argparse subparsers object."""
-    models = subparsers.add_parser("models", help="list, locate and verify the embedded GGUF models")
-    sub = models.add_subparsers(dest="models_command", metavar="{list,path,verify}")
+    """Register `models` (with list/path/verify/prepare/compare) on an argparse subparsers object."""
+    models = subparsers.add_parser("models", help="list, locate, verify, requantise and compare GGUF models")
+    sub = models.add_subparsers(dest="models_command", metavar="{list,path,verify,prepare,compare}")
     sub.required = True
 
     p_list = sub.add_parser("list", help="show registered models and their state")
@@ -99,6 +144,34 @@ def add_models_parser(subparsers: Any) -> None:
     p_path.set_defaults(func=cmd_path)
 
     p_verify = sub.add_parser("verify", help="full sha256 check of models (all if none named)")
-    p_verify.add_argument("names", nargs="*", metavar="NAME", help="registered model names")
-    p_verify.add_argument("--repair", action="store_true", help="delete and reassemble corrupt assembled models")
+    p_verify.add_argument("names", nargs="*", metavar="NAME", help="registered model names or NAME@QUANT variants")
+    p_verify.add_argument("--repair", action="store_true",
+                          help="delete and reassemble corrupt assembled models (rebuild corrupt variants)")
     p_verify.set_defaults(func=cmd_verify)
+
+    from speclm.models.variants import QUANTS
+    p_prep = sub.add_parser("prepare", help="requantise a registered model into the cache as NAME@QUANT",
+                            description="Requantise a registered model with llama.cpp (e.g. to q4_0, whose "
+                                        "block forwards are cheap on CPUs) into the cache as NAME@QUANT. "
+                                        "The result is a different model: output is lossless against it.")
+    p_prep.add_argument("name", metavar="NAME", help="registered model name")
+    p_prep.add_argument("--quant", required=True, metavar="TYPE", type=str.lower,
+                        help=f"quantisation type: {', '.join(QUANTS)}")
+    p_prep.add_argument("--force", action="store_true", help="rebuild even if the variant exists (repairs it)")
+    p_prep.add_argument("--threads", type=int, default=None, help="quantizer threads (default: all cores)")
+    p_prep.set_defaults(func=cmd_prepare)
+
+    p_cmp = sub.add_parser("compare", help="compare models: size, perplexity, agreement, AR tok/s, v(k)",
+                           description="Measure models side by side; greedy agreement is against the first.")
+    p_cmp.add_argument("models", nargs="+", metavar="MODEL",
+                       help="two or more registered names, NAME@QUANT variants or GGUF paths")
+    p_cmp.add_argument("--texts", type=int, default=8, metavar="N",
+                       help="HumanEval problems added to the perplexity text set (default 8)")
+    p_cmp.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p_cmp.add_argument("--k-max", type=int, default=16, help="largest block size timed (default 16)")
+    p_cmp.add_argument("--ar-tokens", type=int, default=64, help="tokens per plain-decoding run (default 64)")
+    p_cmp.add_argument("--no-quality", action="store_true",
+                       help="skip perplexity and agreement (rerun timings on a quiet machine)")
+    p_cmp.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p_cmp.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p_cmp.set_defaults(func=cmd_compare)

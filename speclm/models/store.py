@@ -262,10 +262,14 @@ def _local_gguf(text: str) -> Path:
 def resolve_model(name_or_path: str) -> Path:
     """The GGUF path to load: a registered name (assembled/verified) or a local GGUF file.
 
-    Registered names win over a same-named file in the working directory.
+    Registered names win over a same-named file in the working directory;
+    ``NAME@QUANT`` is a prepared variant (speclm.models.variants).
     """
     if name_or_path in REGISTRY:
         return verify_model(name_or_path, full=False)
+    if name_or_path.rpartition("@")[0] in REGISTRY and not name_or_path.endswith(".gguf"):
+        from speclm.models.variants import resolve_variant
+        return resolve_variant(name_or_path)
     if "/" in name_or_path or name_or_path.endswith(".gguf") or os.path.isfile(name_or_path):
         return _local_gguf(name_or_path)
     raise _unknown(name_or_path)
@@ -298,9 +302,13 @@ def _state(spec: ModelSpec) -> tuple[Path | None, str]:
 
 
 def list_models() -> list[ModelStatus]:
-    """Status of every registered model; hashes only files whose stamp is stale."""
+    """Status of every registered model, then of prepared variants; hashes only files whose stamp is stale."""
     rows = []
     for spec in REGISTRY.values():
         path, state = _state(spec)
         rows.append(ModelStatus(spec.name, spec.description, spec.role, path, state))
+    from speclm.models.variants import list_variants
+    for v in list_variants():
+        rows.append(ModelStatus(v.name, f"{REGISTRY[v.source].description} requantised to {v.quant.upper()}",
+                                REGISTRY[v.source].role, v.path, v.state))
     return rows
