@@ -293,3 +293,12 @@ def test_load_is_recorded_and_a_machine_that_gets_busy_is_flagged(monkeypatch):
     assert run.load_before == (0.2, 0.2, 0.2) and run.load_after == (9.0, 9.0, 9.0)
     assert [r["method"] for r in run.requests] == ["ar", "sd-ngram"] and run.requests[0]["load1"] == 9.0
     assert len(run.warnings) == 1 and "BUSY DURING THE RUN" in run.warnings[0]
+
+
+def test_manifest_names_a_prepared_variant_with_its_recorded_sha256(monkeypatch):
+    from speclm.bench import manifest
+    monkeypatch.setattr(manifest, "read_manifest", lambda: {
+        "smollm2-135m@q8_0": {"sha256": "ab" * 32, "size": 5, "quant": "q8_0", "source_sha256": "cd" * 32}})
+    d = manifest.describe_model("smollm2-135m@q8_0", None)
+    assert d["source"] == "variant" and d["sha256"] == "ab" * 32 and d["quant"] == "q8_0"
+    assert d["source_sha256"] == "cd" * 32

