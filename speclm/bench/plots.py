@@ -20,6 +20,12 @@ from .methods import BASELINE  # noqa: E402
 from .report import label  # noqa: E402
 
 
+def _save(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _series_name(row: dict, temps: int) -> str:
     base = label(row)
     return base if temps < 2 else f"{base} T={row['temperature']:g}"
@@ -44,9 +50,7 @@ def plot_speedup_vs_k(rows: Sequence[dict], path: Path) -> None:
         ax.set_xlabel("K (draft tokens per round)")
         ax.set_ylabel("speedup vs AR (p50)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_per_position(rows: Sequence[dict], path: Path) -> None:
@@ -64,9 +68,7 @@ def plot_per_position(rows: Sequence[dict], path: Path) -> None:
     ax.set_title(f"per-position acceptance ({scope} prompts)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_latency_cdf(requests: Sequence[dict], path: Path) -> None:
@@ -82,9 +84,7 @@ def plot_latency_cdf(requests: Sequence[dict], path: Path) -> None:
     ax.set_ylabel("fraction of requests ≤ x")
     ax.set_title("latency CDF")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_concurrency(rows: Sequence[dict], path: Path) -> None:
@@ -101,9 +101,7 @@ def plot_concurrency(rows: Sequence[dict], path: Path) -> None:
     ax.set_ylabel("throughput (tokens/s)")
     ax.set_title("throughput vs concurrency")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def write_plots(summary: dict, requests: Sequence[dict], out_dir: Path) -> list[str]:
