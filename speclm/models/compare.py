@@ -25,6 +25,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,91 @@ def _model_desc(backend) -> str | None:
     return buf.value.decode("utf-8", "replace") if n > 0 else None
 
 
+@dataclass
+class Quality:
+    """One model's pass over the text set: its tokens, argmax per position, perplexity,
+    and greedy agreement with a reference model's pass (None when not comparable)."""
+
+    tokens: list[list[int]]
+    argmaxes: list[np.ndarray]
+    vocab_size: int
+    perplexity: float | None
+    ppl_tokens: int
+    seconds: float
+    same_tokenizer: bool
+    agreement: float | None
+    note: str | None = None
+
+
+def measure_quality(backend, text_set: Sequence[tuple[str, str]], ref: Quality | None = None,
+                    run: bool = True) -> Quality:
+    """Perplexity of ``backend`` on ``text_set`` (see load_texts) and its teacher-forced
+    greedy agreement with ``ref`` (1.0 when ``ref`` is None: this is the reference).
+    ``run=False`` only tokenizes (perplexity and agreement None)."""
+    toks = [backend.tokenize(t)[:N_CTX] for _, t in text_set]
+    same = ref is None or (backend.vocab_size == ref.vocab_size and toks == ref.tokens)
+    t0 = time.perf_counter()
+    nll, count, argmaxes = quality_pass(backend, toks if run else [])
+    q = Quality(toks, argmaxes, backend.vocab_size, float(np.exp(nll / count)) if count else None, count,
+                round(time.perf_counter() - t0, 2), same, None)
+    if not run:
+        q.note = "quality pass skipped"
+    elif ref is None:
+        q.agreement = 1.0
+    elif same:
+        total = sum(len(x) for x in argmaxes)
+        q.agreement = sum(int((x == y).sum()) for x, y in zip(argmaxes, ref.argmaxes)) / total if total else None
+    else:
+        q.note = "different tokenizer: not comparable position by position"
+    return q
+
+
+def timing_block(token_lists: Sequence[Sequence[int]], max_k: int) -> tuple[list[int], list[int]]:
+    """(CONTEXT tokens of context, max_k tokens to score) from the first long enough text
+    (a short text set: the longest text repeated)."""
+    text = next((t for t in token_lists if len(t) >= CONTEXT + max_k), None)
+    if text is None:
+        longest = max(token_lists, key=len)
+        text = (list(longest) * (1 + (CONTEXT + max_k) // max(1, len(longest))))[:CONTEXT + max_k]
+    return list(text[:CONTEXT]), list(text[CONTEXT:CONTEXT + max_k])
+
+
+def time_blocks(backends: Sequence, context: list[int], block: list[int], ks: Sequence[int],
+                repeats: int, say: Callable[[str], None] | None = None) -> list[dict[int, list[float]]]:
+    """ms to score block[:k] after ``context``, per backend and k, ``repeats`` times,
+    interleaved across the backends (round-robin) so machine noise hits all alike."""
+    seqs = []
+    try:
+        for be in backends:
+            seq = be.new_sequence()
+            seqs.append(seq)
+            be.prefill(seq, context)
+            be.score(seq, block[:1])  # warm-up
+            be.rollback(seq, len(context))
+        times: list[dict[int, list[float]]] = [{k: [] for k in ks} for _ in backends]
+        for rep in range(repeats):
+            for i, (be, seq) in enumerate(zip(backends, seqs)):
+                be.score(seq, block[:1])  # untimed: the first forward after another model ran is slow
+                be.rollback(seq, len(context))
+                for k in ks:
+                    t0 = time.perf_counter()
+                    be.score(seq, block[:k])
+                    times[i][k].append((time.perf_counter() - t0) * 1000)
+                    be.rollback(seq, len(context))
+            if say:
+                say(f"v(k) repeat {rep + 1}/{repeats} done")
+    finally:
+        for be, seq in zip(backends, seqs):
+            be.free(seq)
+    return times
+
+
+def v_summary(times: dict[int, list[float]]) -> dict:
+    """{"v_ms": median ms per k, "v_ms_all": every timing} with string keys (JSON)."""
+    return {"v_ms": {str(k): round(statistics.median(ts), 2) for k, ts in times.items()},
+            "v_ms_all": {str(k): [round(t, 2) for t in ts] for k, ts in times.items()}}
+
+
 def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | None = None,
                    ks: Sequence[int] = DEFAULT_KS, repeats: int = 3, ar_tokens: int = 64,
                    ar_prompts: Sequence[str] = AR_PROMPTS, quality: bool = True,
@@ -148,64 +234,27 @@ def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | 
             t0 = time.perf_counter()
             backends.append(LlamaCppBackend(path, n_ctx=N_CTX, n_threads=n_threads, n_seq_max=2))
             say(f"loaded {name} in {time.perf_counter() - t0:.1f} s")
-        ref = backends[0]
-        ref_tokens = [ref.tokenize(t)[:N_CTX] for _, t in text_set]
         rows: list[dict] = []
-        argmax_ref: list[np.ndarray] | None = None
+        ref_q: Quality | None = None
         # ---- quality: perplexity and teacher-forced greedy agreement ----
         for name, path, be in zip(names, paths, backends):
-            toks = [be.tokenize(t)[:N_CTX] for _, t in text_set]
-            same_tokens = be.vocab_size == ref.vocab_size and toks == ref_tokens
-            t0 = time.perf_counter()
-            nll, count, argmaxes = quality_pass(be, toks if quality else [])
+            q = measure_quality(be, text_set, ref_q, run=quality)
+            ref_q = ref_q or q
             row = {"name": name, "path": str(path), "size": path.stat().st_size, "type": _model_desc(be),
-                   "perplexity": float(np.exp(nll / count)) if count else None, "ppl_tokens": count,
-                   "quality_s": round(time.perf_counter() - t0, 2), "same_tokenizer": same_tokens}
-            if not quality:
-                row["agreement"] = None
-                row["agreement_note"] = "quality pass skipped"
-            elif argmax_ref is None:
-                argmax_ref = argmaxes
-                row["agreement"] = 1.0
-            elif same_tokens:
-                agree = sum(int((x == y).sum()) for x, y in zip(argmaxes, argmax_ref))
-                total = sum(len(x) for x in argmaxes)
-                row["agreement"] = agree / total if total else None
-            else:
-                row["agreement"] = None
-                row["agreement_note"] = "different tokenizer: not comparable position by position"
+                   "perplexity": q.perplexity, "ppl_tokens": q.ppl_tokens, "quality_s": q.seconds,
+                   "same_tokenizer": q.same_tokenizer, "agreement": q.agreement}
+            if q.note:
+                row["agreement_note"] = q.note
             rows.append(row)
             if quality:
-                say(f"{name}: perplexity {row['perplexity']} over {count} tokens, agreement {row['agreement']}")
+                say(f"{name}: perplexity {row['perplexity']} over {q.ppl_tokens} tokens, agreement {row['agreement']}")
+        ref_tokens = ref_q.tokens if ref_q else []
 
         # ---- costs: v(k), interleaved across models ----
-        timing_text = next((t for t in ref_tokens if len(t) >= CONTEXT + ks[-1]), None)
-        if timing_text is None:  # short text set: repeat the longest text
-            longest = max(ref_tokens, key=len)
-            timing_text = (longest * (1 + (CONTEXT + ks[-1]) // max(1, len(longest))))[:CONTEXT + ks[-1]]
-        context, block = list(timing_text[:CONTEXT]), list(timing_text[CONTEXT:CONTEXT + ks[-1]])
-        seqs = []
-        for be in backends:
-            seq = be.new_sequence()
-            be.prefill(seq, context)
-            be.score(seq, block[:1])  # warm-up
-            be.rollback(seq, CONTEXT)
-            seqs.append(seq)
-        times: list[dict[int, list[float]]] = [{k: [] for k in ks} for _ in backends]
-        for rep in range(repeats):
-            for i, (be, seq) in enumerate(zip(backends, seqs)):
-                be.score(seq, block[:1])  # untimed: the first forward after another model ran is slow
-                be.rollback(seq, CONTEXT)
-                for k in ks:
-                    t0 = time.perf_counter()
-                    be.score(seq, block[:k])
-                    times[i][k].append((time.perf_counter() - t0) * 1000)
-                    be.rollback(seq, CONTEXT)
-            say(f"v(k) repeat {rep + 1}/{repeats} done")
-        for be, seq, row, tm in zip(backends, seqs, rows, times):
-            be.free(seq)
-            row["v_ms"] = {str(k): round(statistics.median(tm[k]), 2) for k in ks}
-            row["v_ms_all"] = {str(k): [round(t, 2) for t in tm[k]] for k in ks}
+        context, block = timing_block(ref_tokens, ks[-1])
+        times = time_blocks(backends, context, block, ks, repeats, say)
+        for be, row, tm in zip(backends, rows, times):
+            row.update(v_summary(tm))
             noise_k = min(8, ks[-1])
             row["batch_noise"] = batch_noise(be, context, block[:noise_k]) if noise_k > 1 else 0.0
             row["batch_noise_k"] = noise_k
@@ -272,7 +321,7 @@ def _common_prefix(x: Sequence[int], y: Sequence[int]) -> int:
     return next((i for i in range(n) if x[i] != y[i]), n)
 
 
-def _mib(n: int | None) -> str:
+def mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.0f} MiB"
 
 
@@ -286,7 +335,7 @@ def table_rows(result: dict, ks_shown: Sequence[int] | None = None) -> tuple[lis
 
     rows = [
         ["type", *[m.get("type") or "-" for m in models]],
-        ["size", *[_mib(m["size"]) for m in models]],
+        ["size", *[mib(m["size"]) for m in models]],
         [f"perplexity ({models[0]['ppl_tokens']} tok)" if result.get("quality", True) else "perplexity (skipped)", *[fmt(m["perplexity"], ".3f") for m in models]],
         [f"greedy agreement with {result['reference']}", *[fmt(m["agreement"], ".4f") for m in models]],
         [f"AR tok/s ({result['ar_new_tokens']} tok x {result['ar_prompts']})",
