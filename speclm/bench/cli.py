@@ -1,4 +1,5 @@
-"""`speclm bench`: sweep methods × K × temperature over prompt categories and
+"""`speclm bench`: sweep methods × K × temperature over prompt categories (and,
+with --targets/--drafts, over target and draft models: see sweep.py) and
 write raw traces, summary.json, report.md, plots and manifest.json.
 
 Wire it with `add_bench_parser(subparsers)`; the command's function is
@@ -9,7 +10,6 @@ already built LLM (tests, notebooks).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections.abc import Callable
@@ -17,19 +17,18 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from ..api import LLM
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
 from ..sampling import SamplingParams
-from .manifest import build_manifest, describe_model
+from .manifest import describe_model
 from .methods import METHODS, parse_methods
-from .plots import write_plots
-from .report import MAIN_HEADER, build_summary, render_markdown, table_rows
+from .report import MAIN_HEADER, table_rows
 from .runner import BenchConfig, TraceSink, busy_warning, run_bench
-from .workloads import Prompt, load_builtin, load_dataset, prompt_set_hash, select
+from .sweep import ProgressBars, plan_models, run_sweep, write_outputs
+from .workloads import Prompt, load_builtin, load_dataset, select
 
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × (AR + sd-draft + sd-ngram) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "k": [4],
@@ -59,7 +58,15 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                                           "interleaved per prompt, and write a report.")
     b.add_argument("--target", default=None, help="target model: name or GGUF path (default qwen2.5-coder-1.5b)")
     b.add_argument("--draft", default=None, help="draft model for sd-draft (default qwen2.5-coder-0.5b "
-                   "when the target is the default)")
+                   "when the target is the default or one of its NAME@QUANT variants)")
+    b.add_argument("--targets", type=_csv(str, "model names"), default=None,
+                   help="sweep targets: comma-separated names, NAME@QUANT variants or GGUF paths, loaded in turn; "
+                        "agreement and perplexity cost are against the first")
+    b.add_argument("--drafts", type=_csv(str, "model names"), default=None,
+                   help="sweep drafts: draft methods run once per draft with every target")
+    b.add_argument("--variant-quality", action="store_true",
+                   help="also measure perplexity of every target and draft and greedy agreement with the "
+                        "first target (the `models compare` text set; minutes)")
     b.add_argument("--categories", type=_csv(str, "category names"), default=None,
                    help="humaneval,code-edit,chat,summarize,translate,math (default: all)")
     b.add_argument("--prompts-per-category", type=int, default=None, help="first N prompts of each (default 20)")
@@ -110,11 +117,6 @@ def load_prompts(dataset: str | None, categories: list[str] | None, n: int | Non
     return select(pool, categories, n)
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=Console(stderr=True))
-
-
 def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path, *,
                target_spec: str | Backend | None = None, draft_spec: str | Backend | None = None,
                threads: int | None = None, dataset: str | None = None, progress: bool = True) -> dict:
@@ -123,35 +125,16 @@ def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(cfg.configs())
     n_conc = len(cfg.temperatures) * len(cfg.concurrency) * len(cfg.configs())
-    sink = TraceSink(out_dir)
-    bar = _progress() if progress else None
+    sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req, n_conc)
     try:
-        if bar:
-            bar.start()
-            t_req = bar.add_task("requests", total=n_req)
-            t_conc = bar.add_task("concurrency", total=n_conc, visible=n_conc > 0)
-        run = run_bench(llm, prompts, cfg, sink,
-                        on_request=(lambda r: bar.advance(t_req)) if bar else None,
-                        on_concurrency=(lambda r: bar.advance(t_conc)) if bar else None)
+        run = run_bench(llm, prompts, cfg, sink, on_request=bars.on_request, on_concurrency=bars.on_concurrency)
     finally:
-        if bar:
-            bar.stop()
+        bars.stop()
         sink.close()
-    summary = build_summary(run, cfg.to_dict())
-    target = describe_model(target_spec, llm.target)
     uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods))
-    draft = describe_model(draft_spec, llm.draft) if uses_draft else None
-    manifest = build_manifest(
-        target=target, draft=draft, config=cfg.to_dict(), prompts_hash=prompt_set_hash(prompts),
-        n_prompts=len(prompts), categories=list(dict.fromkeys(p.category for p in prompts)),
-        dataset=dataset, threads=threads or getattr(llm.target, "n_threads", None), seed=cfg.seed,
-        load_before=run.load_before, load_after=run.load_after, started=run.started, ended=run.ended)
-    plots = write_plots(summary, run.requests, out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    report = out_dir / "report.md"
-    report.write_text(render_markdown(summary, manifest, plots), encoding="utf-8")
-    return {"summary": summary, "manifest": manifest, "report": report}
+    return write_outputs(out_dir, run, cfg, prompts, targets=[describe_model(target_spec, llm.target)],
+                         drafts=[describe_model(draft_spec, llm.draft)] if uses_draft else [],
+                         threads=threads or getattr(llm.target, "n_threads", None), dataset=dataset)
 
 
 def print_main_table(summary: dict, console: Console | None = None) -> None:
@@ -166,35 +149,31 @@ def print_main_table(summary: dict, console: Console | None = None) -> None:
     for row in table_rows(summary):
         table.add_row(*map(escape, row))
     console.print(table)
+    several = len({v.get("target") for v in summary["verdicts"]}) > 1
     for v in summary["verdicts"]:
-        console.print(f"enable speculation for [bold]{escape(v['category'])}[/] (T={v['temperature']:g})? "
+        on = f" on {escape(v.get('target_name') or str(v.get('target')))}" if several else ""
+        console.print(f"enable speculation for [bold]{escape(v['category'])}[/]{on} (T={v['temperature']:g})? "
                       f"{escape(v['evidence'])}")
+    if summary.get("variants"):
+        console.print(escape(summary["variants"]["best_sentence"]))
     for w in summary["warnings"]:
         console.print(f"[bold red]WARNING:[/] {escape(w)}")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of `speclm bench`."""
-    from ..models.registry import DEFAULT_DRAFT
     v = resolve_args(args)
     cfg: BenchConfig = v["config"]
     prompts = load_prompts(args.dataset, v["categories"], v["prompts_per_category"])
     needs_draft = any(m.needs_draft for m in parse_methods(cfg.methods))
-    draft = args.draft or (DEFAULT_DRAFT if args.target is None and needs_draft else None)
-    if needs_draft and draft is None:
-        raise InvalidRequestError("method sd-draft needs a draft model: pass --draft NAME|PATH "
-                                  "or drop sd-draft from --methods")
+    plan = plan_models(args.target, args.targets, args.draft, args.drafts, needs_draft)
     err = Console(stderr=True, highlight=False)
     warning = busy_warning(os.getloadavg()[0], os.cpu_count() or 1)
     if warning:
         err.print(f"[bold red]WARNING:[/] {escape(warning)}")
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
-    from ..models.registry import DEFAULT_TARGET
-    target = args.target or DEFAULT_TARGET
-    with LLM(target=target, draft=draft if needs_draft else None, n_ctx=args.n_ctx, n_threads=args.threads,
-             max_sequences=max([2, *cfg.concurrency])) as llm:
-        out = run_to_dir(llm, prompts, cfg, out_dir, target_spec=target, draft_spec=draft,
-                         threads=args.threads, dataset=args.dataset, progress=True)
+    out = run_sweep(plan, prompts, cfg, out_dir, n_ctx=args.n_ctx, threads=args.threads, dataset=args.dataset,
+                    variant_quality=args.variant_quality, progress=True)
     print_main_table(out["summary"])
     print(f"report: {out['report']}")
     return 0

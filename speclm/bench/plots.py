@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .methods import BASELINE  # noqa: E402
-from .report import label  # noqa: E402
+from .report import label, model_tag, models_vary  # noqa: E402
 
 
 def _save(fig, path: Path) -> None:
@@ -26,20 +26,21 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def _series_name(row: dict, temps: int) -> str:
-    base = label(row)
+def _series_name(row: dict, temps: int, models: bool = False) -> str:
+    base = label(row, models)
     return base if temps < 2 else f"{base} T={row['temperature']:g}"
 
 
 def plot_speedup_vs_k(rows: Sequence[dict], path: Path) -> None:
     cats = list(dict.fromkeys(r["category"] for r in rows)) or ["(none)"]
-    temps = len({r["temperature"] for r in rows})
+    temps, models = len({r["temperature"] for r in rows}), models_vary(rows)
     fig, axes = plt.subplots(1, len(cats), figsize=(4.2 * len(cats), 3.6), squeeze=False)
     for ax, cat in zip(axes[0], cats):
         lines: dict[str, list[tuple[int, float]]] = {}
         for r in rows:
             if r["category"] == cat and r["method"] != BASELINE and r["speedup_dist"]["p50"] is not None:
-                name = r["method"] if temps < 2 else f"{r['method']} T={r['temperature']:g}"
+                name = r["method"] + (f" [{model_tag(r)}]" if models else "")
+                name = name if temps < 2 else f"{name} T={r['temperature']:g}"
                 lines.setdefault(name, []).append((r["k"], r["speedup_dist"]["p50"]))
         for name, pts in lines.items():
             pts.sort()
@@ -55,12 +56,12 @@ def plot_speedup_vs_k(rows: Sequence[dict], path: Path) -> None:
 
 def plot_per_position(rows: Sequence[dict], path: Path) -> None:
     scope = "all" if any(r["category"] == "all" for r in rows) else rows[0]["category"] if rows else ""
-    temps = len({r["temperature"] for r in rows})
+    temps, models = len({r["temperature"] for r in rows}), models_vary(rows)
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         if r["category"] == scope and r["method"] != BASELINE and r["per_position_acceptance"]:
             ys = r["per_position_acceptance"]
-            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=_series_name(r, temps))
+            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=_series_name(r, temps, models))
     ax.set_ylim(0, 1.05)
     ax.set_xticks(range(1, 1 + max((len(r["per_position_acceptance"]) for r in rows), default=1)))
     ax.set_xlabel("draft position j")
@@ -72,10 +73,10 @@ def plot_per_position(rows: Sequence[dict], path: Path) -> None:
 
 
 def plot_latency_cdf(requests: Sequence[dict], path: Path) -> None:
-    temps = len({r["temperature"] for r in requests})
+    temps, models = len({r["temperature"] for r in requests}), models_vary(requests)
     series: dict[str, list[float]] = {}
     for r in requests:
-        series.setdefault(_series_name(r, temps), []).append(r["wall_ms"])
+        series.setdefault(_series_name(r, temps, models), []).append(r["wall_ms"])
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, xs in series.items():
         xs = sorted(xs)
@@ -88,10 +89,10 @@ def plot_latency_cdf(requests: Sequence[dict], path: Path) -> None:
 
 
 def plot_concurrency(rows: Sequence[dict], path: Path) -> None:
-    temps = len({r["temperature"] for r in rows})
+    temps, models = len({r["temperature"] for r in rows}), models_vary(rows)
     series: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
-        series.setdefault(_series_name(r, temps), []).append((r["concurrency"], r["throughput_tok_s"]))
+        series.setdefault(_series_name(r, temps, models), []).append((r["concurrency"], r["throughput_tok_s"]))
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, pts in series.items():
         pts.sort()

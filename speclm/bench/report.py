@@ -16,11 +16,14 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
+from ..models.compare import mib
 from .methods import BASELINE
 
-GROUP_KEYS = ("category", "method", "k", "temperature", "max_new_tokens")
-PAIR_KEYS = ("category", "prompt_index", "repeat", "temperature", "max_new_tokens")
+# target / draft: the model files a record ran on (a variant sweep never pools them)
+GROUP_KEYS = ("category", "method", "k", "temperature", "max_new_tokens", "target", "draft")
+PAIR_KEYS = ("category", "prompt_index", "repeat", "temperature", "max_new_tokens", "target")
 
 
 # ---- per-request counts ------------------------------------------------------
@@ -95,9 +98,9 @@ def distribution(values: Iterable[float | None]) -> dict:
 # ---- speedup --------------------------------------------------------------------
 def pair_with_ar(requests: Sequence[dict]) -> list[tuple[dict, dict]]:
     """(method record, AR record of the same prompt, repeat, T and max_new_tokens)."""
-    ar = {tuple(r[k] for k in PAIR_KEYS): r for r in requests if r["method"] == BASELINE}
+    ar = {tuple(r.get(k) for k in PAIR_KEYS): r for r in requests if r["method"] == BASELINE}
     return [(r, ar[key]) for r in requests
-            if r["method"] != BASELINE and (key := tuple(r[k] for k in PAIR_KEYS)) in ar]
+            if r["method"] != BASELINE and (key := tuple(r.get(k) for k in PAIR_KEYS)) in ar]
 
 
 def speedup_stats(pairs: Sequence[tuple[dict, dict]]) -> dict:
@@ -123,8 +126,33 @@ def speedup_stats(pairs: Sequence[tuple[dict, dict]]) -> dict:
 
 
 # ---- groups ---------------------------------------------------------------------
-def label(row: dict) -> str:
-    return row["method"] if row["method"] == BASELINE else f"{row['method']} K={row['k']}"
+def short_model(name: str | None) -> str | None:
+    """'qwen@q4_0' for '/cache/qwen@q4_0.gguf' or 'draft:/cache/qwen@q4_0.gguf'; None for no draft model."""
+    if not name:
+        return None
+    path = name[len("draft:"):] if name.startswith("draft:") else name
+    return Path(path).stem if path.endswith(".gguf") else path
+
+
+def model_tag(row: dict) -> str:
+    """'target' or 'target + draft' of a record or row (the names given, else the file stems)."""
+    target = row.get("target_name") or short_model(row.get("target")) or "?"
+    draft = row.get("draft_name") or ((row.get("draft") or "").startswith("draft:") and short_model(row["draft"]))
+    return f"{target} + {draft}" if draft else target
+
+
+def models_vary(rows: Iterable[dict]) -> bool:
+    """True when some method ran on more than one target/draft pair (a variant sweep)."""
+    seen: dict[str, set] = defaultdict(set)
+    for r in rows:
+        seen[r["method"]].add((r.get("target"), r.get("draft")))
+    return any(len(pairs) > 1 for pairs in seen.values())
+
+
+def label(row: dict, models: bool = False) -> str:
+    """'sd-draft K=4'; with models, followed by the target (+ draft) it ran on."""
+    base = row["method"] if row["method"] == BASELINE else f"{row['method']} K={row['k']}"
+    return f"{base} [{model_tag(row)}]" if models else base
 
 
 def group_row(key: tuple, recs: Sequence[dict], pairs: Sequence[tuple[dict, dict]]) -> dict:
@@ -136,7 +164,8 @@ def group_row(key: tuple, recs: Sequence[dict], pairs: Sequence[tuple[dict, dict
     sp = speedup_stats(pairs) if key[1] != BASELINE else {
         "speedup": 1.0, "decode_speedup": 1.0, "speedup_dist": distribution([1.0] * len(recs)), "prompts_faster": 0,
         "prompts": len({r["prompt_index"] for r in recs})}
-    return {**dict(zip(GROUP_KEYS, key)), "requests": len(recs), **sp, **acceptance_from_counts(counts),
+    names = {n: recs[0][n] for n in ("target_name", "draft_name") if n in recs[0]}
+    return {**dict(zip(GROUP_KEYS, key)), **names, "requests": len(recs), **sp, **acceptance_from_counts(counts),
             "counts": counts, "output_tokens": tokens, "wall_ms": wall,
             "tokens_per_s": 1000.0 * tokens / wall if wall > 0 else 0.0,
             "tokens_per_s_dist": distribution(r["tokens_per_s"] for r in recs),
@@ -160,22 +189,24 @@ def group_rows(requests: Sequence[dict], overall: bool = True) -> list[dict]:
         pairs = pair_with_ar(recs)
         groups: dict[tuple, list[dict]] = defaultdict(list)
         for r in recs:
-            groups[(cat, *(r[k] for k in GROUP_KEYS[1:]))].append(r)
+            groups[(cat, *(r.get(k) for k in GROUP_KEYS[1:]))].append(r)
         for key, grp in groups.items():
-            mine = [(m, a) for m, a in pairs if (m["method"], m["k"], m["temperature"],
-                                                 m["max_new_tokens"]) == key[1:]]
+            mine = [(m, a) for m, a in pairs if tuple(m.get(k) for k in GROUP_KEYS[1:]) == key[1:]]
             rows.append(group_row(key, grp, mine))
     return rows
 
 
 def verdicts(rows: Sequence[dict]) -> list[dict]:
-    """Per category × T × max_new_tokens: enable speculation iff the best config
+    """Per category × target × T × max_new_tokens: enable speculation iff the best config
     (by p50 speedup) has p50 > 1, total speedup > 1 and most prompts faster."""
     out = []
-    scopes = dict.fromkeys((r["category"], r["temperature"], r["max_new_tokens"]) for r in rows)
-    for cat, temp, max_new in scopes:
-        cands = [r for r in rows if (r["category"], r["temperature"], r["max_new_tokens"]) == (cat, temp, max_new)
-                 and r["method"] != BASELINE and r["speedup"] is not None]
+    models = models_vary(rows)
+
+    def scope(r: dict) -> tuple:
+        return r["category"], r.get("target"), r["temperature"], r["max_new_tokens"]
+    for key in dict.fromkeys(scope(r) for r in rows):
+        cat, target, temp, max_new = key
+        cands = [r for r in rows if scope(r) == key and r["method"] != BASELINE and r["speedup"] is not None]
         if not cands:
             continue
         best = max(cands, key=lambda r: (r["speedup_dist"]["p50"], r["speedup"]))
@@ -183,19 +214,21 @@ def verdicts(rows: Sequence[dict]) -> list[dict]:
         faster = f"{best['prompts_faster']}/{best['prompts']} prompts faster"
         enable = p50 > 1.0 and tot > 1.0 and best["prompts_faster"] * 2 > best["prompts"]
         if enable:
-            evidence = (f"yes: {label(best)} {p50:.2f}× (p50; total {tot:.2f}×, "
+            evidence = (f"yes: {label(best, models)} {p50:.2f}× (p50; total {tot:.2f}×, "
                         f"range {d['min']:.2f}–{d['max']:.2f}×), {faster}")
         else:
-            evidence = f"no: best method {label(best)} {p50:.2f}× AR (p50; total {tot:.2f}×), {faster}"
+            evidence = f"no: best method {label(best, models)} {p50:.2f}× AR (p50; total {tot:.2f}×), {faster}"
         out.append({"category": cat, "temperature": temp, "max_new_tokens": max_new, "enable": enable,
-                    "best": {"method": best["method"], "k": best["k"]}, "evidence": evidence})
+                    "best": {"method": best["method"], "k": best["k"]}, "evidence": evidence,
+                    "target": target, "target_name": best.get("target_name"), "best_draft": best.get("draft")})
     return out
 
 
 def divergences(requests: Sequence[dict]) -> list[dict]:
     """Greedy runs whose output differs from AR's, with AR's top-1/top-2 margin there."""
     return [{"request_id": r["request_id"], "category": r["category"], "prompt_index": r["prompt_index"],
-             "repeat": r["repeat"], "method": r["method"], "k": r["k"], **r["identity"]}
+             "repeat": r["repeat"], "method": r["method"], "k": r["k"],
+             **{key: r.get(key) for key in ("target", "draft", "target_name", "draft_name")}, **r["identity"]}
             for r in requests if r.get("identity") and not r["identity"]["identical"]]
 
 
@@ -220,11 +253,12 @@ MAIN_HEADER = ("category", "method", "T", "speedup", "p50 [min–max]", "faster"
 def table_rows(summary: dict) -> list[tuple[str, ...]]:
     """The main table: one line per category × method × K × T (× max_new_tokens)."""
     out = []
+    models = models_vary(summary["rows"])
     for r in summary["rows"]:
         d, ident = r["speedup_dist"], r["identity"]
         base = r["method"] == BASELINE
         out.append((r["category"] + ("" if len(summary["config"]["max_new_tokens"]) < 2 else f" N={r['max_new_tokens']}"),
-                    label(r), f"{r['temperature']:g}", "1.00× (base)" if base else f"{_f(r['speedup'])}×",
+                    label(r, models), f"{r['temperature']:g}", "1.00× (base)" if base else f"{_f(r['speedup'])}×",
                     "-" if base else f"{_f(d['p50'])} [{_f(d['min'])}–{_f(d['max'])}]",
                     "-" if base else f"{r['prompts_faster']}/{r['prompts']}",
                     "-" if base else f"{_f(r['decode_speedup'])}×", _f(r["acceptance_rate"], ".3f"),
@@ -238,12 +272,41 @@ def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
+def render_variants(v: dict) -> list[str]:
+    """The "Variants" section: one line per target × draft, then the best pair."""
+    ks = [str(k) for k in v["ks"]]
+    header = ("target (size)", "draft (size)", "target ppl", f"agreement with {v['reference']}", "AR tok/s",
+              "v(" + ")/v(".join(ks) + ") ms", "best SD tok/s (config)", "accepted progress /ms", "speedup vs AR")
+    rows = [(f"`{r['target']}` ({mib(r['target_size'])})",
+             "-" if r["draft"] is None else f"`{r['draft']}` ({mib(r['draft_size'])})",
+             _f(r["target_perplexity"], ".3f"), _f(r["agreement"], ".4f"), _f(r["ar_tok_s"], ".1f"),
+             " / ".join(_f(r["v_ms"].get(k), ".1f") for k in ks),
+             "-" if r["best"] is None else f"{_f(r['sd_tok_s'], '.1f')} ({label(r['best'])})",
+             _f(r["accepted_progress_per_ms"], ".4f"), "-" if r["speedup"] is None else f"{r['speedup']:.2f}×")
+            for r in v["rows"]]
+    files = [f"- `{m['name']}`: {m['file'] or '-'}, sha256 {m['sha256'] or '-'}"
+             for m in {m["name"]: m for m in v["targets"] + v["drafts"]}.values()]
+    drafts = [f"- draft `{d['name']}`: perplexity {_f(d['perplexity'], '.3f')}, agreement with "
+              f"`{v['reference']}` {_f(d['agreement'], '.4f')}, v(1) {_f(d['v_ms'].get('1'), '.1f')} ms"
+              for d in v["drafts"]]
+    return ["", "## Variants", "",
+            f"Each target measured in turn with its own AR requests. v(k): ms to score k tokens after "
+            f"{v['v_context_tokens']} context tokens (median of {v['v_repeats']}); accepted progress per ms = "
+            f"output tokens / wall ms of the draft config with the most (all prompts pooled); perplexity and "
+            f"teacher-forced greedy agreement on the `models compare` text set"
+            + ("." if v["quality"] else " (not measured: rerun with --variant-quality)."), "",
+            _md_table(header, rows), "", f"**{v['best_sentence']}**", "", *drafts, *files]
+
+
 def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
     """report.md: warnings, verdicts, main table, distributions, acceptance, identity, concurrency."""
-    m = manifest
+    m, models = manifest, models_vary(summary["rows"])
+    targets, drafts = m["models"].get("targets") or [m["models"]["target"]], m["models"].get("drafts") or []
     parts = ["# speclm bench report", "",
-             f"Target (output is lossless against): `{m['models']['target']['name']}`"
-             + (f"; draft `{m['models']['draft']['name']}`" if m["models"].get("draft") else ""),
+             (f"Target (output is lossless against): `{targets[0]['name']}`" if len(targets) < 2 else
+              "Targets (each output is lossless against its own): " + ", ".join(f"`{t['name']}`" for t in targets))
+             + (f"; draft{'s' if len(drafts) > 1 else ''} " + ", ".join(f"`{d['name']}`" for d in drafts)
+                if drafts else ""),
              f"CPU: {m['machine']['cpu_model']}, {m['machine']['cores']} cores, {m['machine']['threads'] or '-'} threads. "
              f"Load average before {summary['load_before'][0]:.2f}, after {summary['load_after'][0]:.2f}. "
              f"Wall {summary['wall_s']:.0f} s, peak RSS {_f(summary['peak_rss_mb'], '.0f')} MiB.", ""]
@@ -251,19 +314,23 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
     parts += ["## Enable speculation here?", ""]
     if summary["warnings"]:
         parts += ["_The machine was busy (see the warning above): these verdicts rest on noisy timings._", ""]
-    parts += [f"- **{v['category']}** (T={v['temperature']:g}, {v['max_new_tokens']} tokens): {v['evidence']}"
+    several = len({v.get("target") for v in summary["verdicts"]}) > 1
+    parts += [f"- **{v['category']}**" + (f" on `{v.get('target_name') or v.get('target')}`" if several else "")
+              + f" (T={v['temperature']:g}, {v['max_new_tokens']} tokens): {v['evidence']}"
               for v in summary["verdicts"]]
+    if summary.get("variants"):
+        parts += render_variants(summary["variants"])
     parts += ["", "## Results", "", "speedup = Σ AR wall / Σ method wall over the same prompts in this run; "
               "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", _md_table(MAIN_HEADER, table_rows(summary)), "",
               "## Distributions (ms)", ""]
-    dist_rows = [(r["category"], label(r), f"{r['temperature']:g}",
+    dist_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                   *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))
                     for key in ("latency_ms", "ttft_ms", "tpot_ms")),
                   f"{r['draft_share']:.0%} / {r['verify_share']:.0%}") for r in summary["rows"]]
     parts += [_md_table(("category", "method", "T", "latency p50/p95/p99", "TTFT p50/p95/p99",
                          "TPOT p50/p95/p99", "draft / verify share"), dist_rows), "",
               "## Per-position acceptance and rejections", ""]
-    acc_rows = [(r["category"], label(r), f"{r['temperature']:g}",
+    acc_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                  " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]),
                  " ".join(str(x) for x in r["counts"]["rejection_hist"]), str(r["counts"]["full_accepts"]))
                 for r in summary["rows"] if r["method"] != BASELINE]
@@ -272,10 +339,10 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
     divs = summary["identity_divergences"]
     parts += ["All greedy outputs identical to AR." if not divs else
               "Differences (a tiny AR top-1/top-2 margin points at batch numerics, a large one at a bug):"]
-    parts += [f"- {d['category']} #{d['prompt_index']} {d['method']} K={d['k']}: token {d['first_divergence']}, "
+    parts += [f"- {d['category']} #{d['prompt_index']} {label(d, models)}: token {d['first_divergence']}, "
               f"margin {_f(d['ar_top2_margin'], '.4f')}" for d in divs]
     if summary["concurrency"]:
-        conc_rows = [(str(c["concurrency"]), label(c), f"{c['temperature']:g}", _f(c["throughput_tok_s"], ".1f"),
+        conc_rows = [(str(c["concurrency"]), label(c, models), f"{c['temperature']:g}", _f(c["throughput_tok_s"], ".1f"),
                       *(" / ".join(_f(c[key][q], ".0f") for q in ("p50", "p95", "p99"))
                         for key in ("latency_ms", "ttft_ms"))) for c in summary["concurrency"]]
         parts += ["", "## Concurrency", "", _md_table(("N", "method", "T", "tok/s", "latency p50/p95/p99",

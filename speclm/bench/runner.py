@@ -62,6 +62,29 @@ class BenchConfig:
                 "concurrency": self.concurrency, "ignore_eos": self.ignore_eos}
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One timed configuration: `method` at draft length `k` run on `llm`. `meta` is
+    merged into each of its records (a variant sweep names the draft there)."""
+
+    method: BenchMethod
+    k: int
+    llm: LLM
+    meta: dict = field(default_factory=dict)
+
+
+def make_arms(cfg: BenchConfig, llm: LLM, drafts: dict[str, tuple[LLM, dict]] | None = None) -> list[Arm]:
+    """cfg.configs() on `llm`; with `drafts` ({name: (LLM holding that draft, record meta)})
+    every config of a method that needs a draft runs once per draft, on that draft's LLM."""
+    arms: list[Arm] = []
+    for method, k in cfg.configs():
+        if method.needs_draft and drafts:
+            arms.extend(Arm(method, k, d_llm, meta) for d_llm, meta in drafts.values())
+        else:
+            arms.append(Arm(method, k, llm))
+    return arms
+
+
 @dataclass
 class BenchRun:
     """Everything a sweep measured, ready for report.build_summary."""
@@ -85,8 +108,8 @@ class TraceSink:
 
     def write(self, record: dict, result: GenerationResult) -> None:
         keys = ("request_id", "category", "method", "k", "temperature", "max_new_tokens",
-                "prompt_index", "repeat")
-        head = {key: record[key] for key in keys}
+                "prompt_index", "repeat", "target_name", "draft_name")
+        head = {key: record[key] for key in keys if key in record}
         for i, r in enumerate(result.rounds):
             self._rounds.write(json.dumps({**head, "round": i, **r.to_dict()}) + "\n")
         self._requests.write(json.dumps(record) + "\n")
@@ -148,34 +171,37 @@ def encode_prompts(llm: LLM, prompts: Sequence[Prompt], max_new: int) -> list[li
     return out
 
 
-def warmup(llm: LLM, configs: list[tuple[BenchMethod, int]], ids: list[int]) -> None:
-    """Map both models in and run one short untimed generation per method (on the
-    first 32 tokens of a prompt: it pages weights in, it need not be a full prefill)."""
+def warmup(arms: list[Arm], ids: list[int]) -> None:
+    """Map the models in and run one short untimed generation per method and LLM (on
+    the first 32 tokens of a prompt: it pages weights in, it need not be a full prefill)."""
     ids = ids[:32] if len(ids) > 32 else ids
-    done: set[str] = set()
-    for method, k in configs:
-        spec = method.spec(k)
-        llm.warmup(spec)
-        if method.name not in done:
-            method.generate(llm, ids, SamplingParams(max_new_tokens=WARMUP_TOKENS), spec)
-            done.add(method.name)
+    done: set[tuple[str, int]] = set()
+    for arm in arms:
+        spec = arm.method.spec(arm.k)
+        arm.llm.warmup(spec)
+        if (arm.method.name, id(arm.llm)) not in done:
+            arm.method.generate(arm.llm, ids, SamplingParams(max_new_tokens=WARMUP_TOKENS), spec)
+            done.add((arm.method.name, id(arm.llm)))
 
 
 def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: TraceSink | None = None,
               on_request: Callable[[dict], None] | None = None,
-              on_concurrency: Callable[[dict], None] | None = None) -> BenchRun:
-    """Run the sweep. `on_request` sees each record (progress bars)."""
+              on_concurrency: Callable[[dict], None] | None = None, *, arms: list[Arm] | None = None,
+              meta: dict | None = None, first_id: int = 0) -> BenchRun:
+    """Run the sweep. `on_request` sees each record (progress bars). `arms` (default
+    make_arms(cfg, llm)) all share `llm`'s target; `meta` is merged into every record
+    and request ids count on from `first_id` (a variant sweep calls this per target)."""
     if not prompts:
         raise InvalidRequestError("no prompts to benchmark: check --categories / --dataset")
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
     warnings = [w for w in [busy_warning(load_before[0], cores)] if w]
     started = time.time()
-    configs = cfg.configs()
+    arms = arms if arms is not None else make_arms(cfg, llm)
     encoded = encode_prompts(llm, prompts, max(cfg.max_new_tokens))
-    warmup(llm, configs, encoded[0])
+    warmup(arms, encoded[0])
     records: list[dict] = []
-    n = 0
+    n = first_id
     for rep in range(cfg.repeats):
         for pi, (prompt, ids) in enumerate(zip(prompts, encoded)):
             for temp in cfg.temperatures:
@@ -183,15 +209,15 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                     seed = cfg.seed + 100_003 * rep + pi
                     params = _params(cfg, temp, max_new, seed)
                     ar_ids: list[int] | None = None
-                    for method, k in configs:
-                        spec = method.spec(k)
-                        result = method.generate(llm, ids, params, spec)
+                    for arm in arms:
+                        method, k = arm.method, arm.k
+                        result = method.generate(arm.llm, ids, params, method.spec(k))
                         n += 1
-                        meta = {"request_id": f"r{n:05d}", "category": prompt.category,
+                        head = {"request_id": f"r{n:05d}", "category": prompt.category,
                                 "prompt_index": prompt.index, "repeat": rep, "method": method.name,
                                 "k": k, "temperature": temp, "max_new_tokens": max_new,
-                                "seed": seed, "chat": prompt.chat}
-                        rec = request_record(result, meta)
+                                "seed": seed, "chat": prompt.chat, **(meta or {}), **arm.meta}
+                        rec = request_record(result, head)
                         if method.name == BASELINE:
                             ar_ids = result.token_ids
                         rec["identity"] = None
@@ -202,7 +228,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                             sink.write(rec, result)
                         if on_request:
                             on_request(rec)
-    conc = run_concurrency(llm, prompts, encoded, cfg, configs, on_concurrency) if cfg.concurrency else []
+    conc = run_concurrency(prompts, encoded, cfg, arms, on_concurrency, meta) if cfg.concurrency else []
     load_after = os.getloadavg()
     peak = max([load_after[0], *(r["load1"] for r in records)])
     if not warnings and peak > cores * 0.5:
@@ -211,20 +237,20 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     return BenchRun(records, conc, load_before, load_after, started, time.time(), warnings)
 
 
-def run_concurrency(llm: LLM, prompts: Sequence[Prompt], encoded: list[list[int]], cfg: BenchConfig,
-                    configs: list[tuple[BenchMethod, int]],
-                    on_row: Callable[[dict], None] | None = None) -> list[dict]:
+def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: BenchConfig, arms: list[Arm],
+                    on_row: Callable[[dict], None] | None = None, meta: dict | None = None) -> list[dict]:
     """For each N, T and method config: every prompt once, N in flight; throughput and
     latency/TTFT distributions (latency = submit → last token)."""
     rows: list[dict] = []
     max_new = cfg.max_new_tokens[0]
     for temp in cfg.temperatures:
         for n in cfg.concurrency:
-            for method, k in configs:
+            for arm in arms:
+                method, k = arm.method, arm.k
                 if method.run is not None:
                     continue  # custom runners bypass the Engine
                 spec = method.spec(k)
-                engine = Engine(llm, max_concurrency=n, max_queue=len(encoded) + n)
+                engine = Engine(arm.llm, max_concurrency=n, max_queue=len(encoded) + n)
                 jobs = [(ids, _params(cfg, temp, max_new, cfg.seed + i)) for i, ids in enumerate(encoded)]
                 t0 = time.perf_counter()
                 try:
@@ -239,7 +265,8 @@ def run_concurrency(llm: LLM, prompts: Sequence[Prompt], encoded: list[list[int]
                        "wall_ms": wall_ms, "throughput_tok_s": 1000.0 * tokens / wall_ms if wall_ms else 0.0,
                        "latency_ms": distribution([r.summary.wall_ms for r in results]),
                        "ttft_ms": distribution([r.summary.ttft_ms for r in results if r.summary.ttft_ms is not None]),
-                       "peak_rss_mb": peak_rss_mb()}
+                       "peak_rss_mb": peak_rss_mb(), "target": results[0].target, "draft": results[0].draft,
+                       **(meta or {}), **arm.meta}
                 rows.append(row)
                 if on_row:
                     on_row(row)

@@ -1,0 +1,295 @@
+"""Targets × drafts in one bench run (`speclm bench --targets A,B --drafts X,Y`).
+
+Each target is loaded in turn (then closed) and gets the normal sweep
+(methods × K × prompts, AR first per prompt); every config of a method that
+needs a draft runs once per draft, right after the same AR request, on that
+draft's LLM over the same loaded target. The drafts stay loaded for the
+whole run. `--target/--draft` is a sweep of one.
+
+Per model it also records file, size and sha256 (manifest.describe_model),
+the score-cost curve v(k) (speclm.models.compare.time_blocks after the
+target's requests, median of V_REPEATS) and, with `variant_quality`,
+perplexity on compare's text set and teacher-forced greedy agreement with
+the first target (compare.measure_quality). Timings of different targets
+are not interleaved (one target is loaded at a time); each speedup is
+against the AR requests of its own target, interleaved per prompt.
+
+`write_outputs` writes summary.json (with a "variants" section for a sweep),
+manifest.json, report.md and plots for any BenchRun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..api import LLM, load_backend
+from ..backends.base import Backend
+from ..errors import InvalidRequestError
+from ..models import compare
+from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..models.store import resolve_model
+from ..models.variants import SEP
+from .manifest import build_manifest, describe_model
+from .methods import BASELINE, parse_methods
+from .plots import write_plots
+from .report import build_summary, pair_with_ar, render_markdown, speedup_stats
+from .runner import BenchConfig, BenchRun, TraceSink, make_arms, run_bench
+from .workloads import Prompt, prompt_set_hash
+
+V_KS = (1, 4, 8, 16)
+V_REPEATS = 3
+QUALITY_TEXTS = 8  # HumanEval problems added to the perplexity text set (as `speclm models compare`)
+
+
+@dataclass
+class SweepPlan:
+    """The models of a run, checked to exist (resolved) but not loaded."""
+
+    targets: list[str]
+    drafts: list[str]  # empty when no method uses a draft
+
+
+def plan_models(target: str | None, targets: list[str] | None, draft: str | None, drafts: list[str] | None,
+                needs_draft: bool) -> SweepPlan:
+    """Targets and drafts from --target/--targets and --draft/--drafts; every name is
+    resolved here (an unknown name or unprepared NAME@QUANT fails before any model loads)."""
+    if target and targets:
+        raise InvalidRequestError("give --target NAME or --targets A,B,..., not both")
+    if draft and drafts:
+        raise InvalidRequestError("give --draft NAME or --drafts X,Y,..., not both")
+    if drafts and not needs_draft:
+        raise InvalidRequestError("--drafts given but no method in --methods uses a draft: add sd-draft "
+                                  "(or auto, heuristic) to --methods")
+    tlist = list(dict.fromkeys(targets or [target or DEFAULT_TARGET]))
+    dlist = list(dict.fromkeys(drafts or ([draft] if draft else []))) if needs_draft else []
+    if needs_draft and not dlist:
+        if not all(t == DEFAULT_TARGET or t.startswith(DEFAULT_TARGET + SEP) for t in tlist):
+            raise InvalidRequestError("method sd-draft needs a draft model: pass --draft NAME|PATH "
+                                      "(or --drafts X,Y) or drop sd-draft from --methods")
+        dlist = [DEFAULT_DRAFT]
+    for name in tlist + dlist:
+        resolve_model(name)
+    return SweepPlan(tlist, dlist)
+
+
+def _model_entry(d: dict, quality: compare.Quality) -> dict:
+    """A model's line in the variants section, from its describe_model dict and quality pass."""
+    return {"name": d["name"], "file": d.get("path"), "size": d.get("size"), "sha256": d.get("sha256"),
+            "source": d.get("source"), "quant": d.get("quant"), "perplexity": quality.perplexity,
+            "ppl_tokens": quality.ppl_tokens, "agreement": quality.agreement, "agreement_note": quality.note}
+
+
+def _time_v(backend: Backend, tokens: list[list[int]]) -> dict:
+    context, block = compare.timing_block(tokens, max(V_KS))
+    return compare.v_summary(compare.time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
+
+
+def merge_runs(runs: Sequence[BenchRun], load_before: tuple, started: float) -> BenchRun:
+    return BenchRun([r for run in runs for r in run.requests], [c for run in runs for c in run.concurrency],
+                    load_before, os.getloadavg(), started, time.time(),
+                    list(dict.fromkeys(w for run in runs for w in run.warnings)))
+
+
+class ProgressBars:
+    """Request (and concurrency) progress bars on stderr, or nothing."""
+
+    def __init__(self, show: bool, requests: int, concurrency: int):
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=Console(stderr=True)) if show else None
+        if self.bar:
+            self.bar.start()
+            self.req = self.bar.add_task("requests", total=requests)
+            self.conc = self.bar.add_task("concurrency", total=concurrency, visible=concurrency > 0)
+
+    def on_request(self, record: dict) -> None:
+        if self.bar:
+            self.bar.advance(self.req)
+
+    def on_concurrency(self, row: dict) -> None:
+        if self.bar:
+            self.bar.advance(self.conc)
+
+    def stop(self) -> None:
+        if self.bar:
+            self.bar.stop()
+
+
+def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path, *, n_ctx: int = 4096,
+              threads: int | None = None, dataset: str | None = None, variant_quality: bool = False,
+              progress: bool = True) -> dict:
+    """Run the sweep over plan's targets × drafts and write every output into out_dir
+    (see write_outputs). Returns {"summary", "manifest", "report"}."""
+    if variant_quality and n_ctx < compare.N_CTX:
+        raise InvalidRequestError(f"--variant-quality scores texts of up to {compare.N_CTX} tokens: "
+                                  f"raise --n-ctx to {compare.N_CTX} or more")
+    texts = compare.load_texts(QUALITY_TEXTS if variant_quality else 0)
+    max_seqs = max([2, *cfg.concurrency])
+    n_arms = sum(len(plan.drafts) if m.needs_draft else 1 for m, _ in cfg.configs())
+    n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * n_arms
+    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * n_arms
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started, load_before = time.time(), os.getloadavg()
+    sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req * len(plan.targets), n_conc * len(plan.targets))
+    runs: list[BenchRun] = []
+    targets: list[dict] = []
+    drafts: dict[str, tuple[Backend, dict]] = {}  # name -> (loaded backend, its variants entry)
+    described: dict[str, dict] = {}  # name -> describe_model dict (for the manifest)
+    used_threads = threads
+    try:
+        for name in plan.drafts:
+            be = load_backend(name, n_ctx, threads, max_seqs)
+            q = compare.measure_quality(be, texts, run=False)
+            described[name] = describe_model(name, be) or {}
+            drafts[name] = be, {**_model_entry(described[name], q), **_time_v(be, q.tokens)}
+        ref: compare.Quality | None = None
+        for name in plan.targets:
+            tb = load_backend(name, n_ctx, threads, max_seqs)
+            try:
+                used_threads = used_threads or tb.n_threads
+                q = compare.measure_quality(tb, texts, ref, run=variant_quality)
+                if ref is None and variant_quality:  # drafts: perplexity and agreement with the first target
+                    for be, entry in drafts.values():
+                        dq = compare.measure_quality(be, texts, q)
+                        entry.update(perplexity=dq.perplexity, ppl_tokens=dq.ppl_tokens,
+                                     agreement=dq.agreement, agreement_note=dq.note)
+                ref = ref or q
+                described[name] = describe_model(name, tb) or {}
+                entry = _model_entry(described[name], q)
+                llm = LLM(target=tb)  # wraps the loaded backends: loads nothing
+                d_llms = {d: (LLM(target=tb, draft=be), {"draft_name": d, "draft_sha256": e["sha256"]})
+                          for d, (be, e) in drafts.items()}
+                run = run_bench(llm, prompts, cfg, sink, bars.on_request, bars.on_concurrency,
+                                arms=make_arms(cfg, llm, d_llms), first_id=sum(len(r.requests) for r in runs),
+                                meta={"target_name": name, "target_sha256": entry["sha256"]})
+                if len(plan.targets) > 1:
+                    run.warnings = [f"{name}: {w}" for w in run.warnings]
+                runs.append(run)
+                entry.update(_time_v(tb, q.tokens))  # after its requests: the model is warm
+                targets.append(entry)
+            finally:
+                tb.close()
+    finally:
+        for be, _ in drafts.values():
+            be.close()
+        bars.stop()
+        sink.close()
+    run = merge_runs(runs, load_before, started)
+    variants = build_variants(run.requests, targets, [e for _, e in drafts.values()], quality=variant_quality,
+                              text_labels=[label for label, _ in texts])
+    return write_outputs(out_dir, run, cfg, prompts, targets=[described[t] for t in plan.targets],
+                         drafts=[described[d] for d in plan.drafts], threads=used_threads, dataset=dataset,
+                         variants=variants)
+
+
+def _tok_s(recs: Sequence[dict]) -> float | None:
+    wall = sum(r["wall_ms"] for r in recs)
+    return 1000.0 * sum(r["output_tokens"] for r in recs) / wall if wall > 0 else None
+
+
+def variant_rows(requests: Sequence[dict], targets: Sequence[dict], drafts: Sequence[dict]) -> list[dict]:
+    """One row per target × draft (per target when no draft ran): the target's AR tok/s
+    and v(k), and the draft config (method, K) with the most accepted progress per ms
+    (Σ output tokens / Σ wall ms, speclm.metrics' definition) with its speedup vs AR."""
+    rows = []
+    for t in targets:
+        mine = [r for r in requests if r.get("target_name") == t["name"]]
+        pairs = pair_with_ar(mine)
+        for d in drafts or [None]:
+            configs: dict[tuple, list[dict]] = defaultdict(list)
+            for r in mine:
+                if r["method"] != BASELINE and (d is None or r.get("draft_name") == d["name"]):
+                    configs[(r["method"], r["k"])].append(r)
+            by_config = []
+            for (method, k), recs in configs.items():
+                ids = {id(r) for r in recs}
+                sp = speedup_stats([(m, a) for m, a in pairs if id(m) in ids])
+                tok_s = _tok_s(recs)
+                by_config.append({"method": method, "k": k, "tok_s": tok_s, "speedup": sp["speedup"],
+                                  "decode_speedup": sp["decode_speedup"],
+                                  "accepted_progress_per_ms": None if tok_s is None else tok_s / 1000.0})
+            best = max(by_config, key=lambda c: c["tok_s"] or 0.0, default=None)
+            rows.append({"target": t["name"], "target_file": t["file"], "target_size": t["size"],
+                         "draft": d and d["name"], "draft_file": d and d["file"], "draft_size": d and d["size"],
+                         "target_perplexity": t["perplexity"], "draft_perplexity": d and d["perplexity"],
+                         "agreement": t["agreement"], "ar_tok_s": _tok_s([r for r in mine if r["method"] == BASELINE]),
+                         "v_ms": t["v_ms"], "best": best and {"method": best["method"], "k": best["k"]},
+                         "sd_tok_s": best and best["tok_s"], "speedup": best and best["speedup"],
+                         "accepted_progress_per_ms": best and best["accepted_progress_per_ms"],
+                         "by_config": by_config})
+    return rows
+
+
+def best_pair(rows: Sequence[dict], reference: dict) -> tuple[dict | None, str]:
+    """(the row with the most accepted progress per ms, a sentence naming it and its
+    perplexity cost against the reference (shipped) target)."""
+    cands = [r for r in rows if r["accepted_progress_per_ms"] is not None]
+    if not cands:
+        return None, "No speculative method ran: no pair to name."
+    b = max(cands, key=lambda r: r["accepted_progress_per_ms"])
+    pair = b["target"] + (f" + draft {b['draft']}" if b["draft"] else "")
+    out = {"target": b["target"], "draft": b["draft"], **b["best"],
+           "accepted_progress_per_ms": b["accepted_progress_per_ms"], "perplexity": b["target_perplexity"],
+           "reference": reference["name"], "reference_perplexity": reference["perplexity"],
+           "perplexity_cost": None, "perplexity_cost_pct": None}
+    text = (f"Best pair by accepted progress per ms: {pair} ({b['best']['method']} K={b['best']['k']}), "
+            f"{b['accepted_progress_per_ms']:.4f} tokens/ms ({b['sd_tok_s']:.1f} tok/s, "
+            f"{b['speedup']:.2f}× its own AR). ")
+    if b["target_perplexity"] is None or reference["perplexity"] is None:
+        text += "Perplexity cost not measured: rerun with --variant-quality."
+    elif b["target"] == reference["name"]:
+        out.update(perplexity_cost=0.0, perplexity_cost_pct=0.0)
+        text += f"It keeps the shipped target (perplexity {reference['perplexity']:.3f}): no perplexity cost."
+    else:
+        cost = b["target_perplexity"] - reference["perplexity"]
+        out.update(perplexity_cost=cost, perplexity_cost_pct=100.0 * cost / reference["perplexity"])
+        text += (f"Perplexity {b['target_perplexity']:.3f} vs {reference['perplexity']:.3f} for the shipped "
+                 f"{reference['name']} ({cost:+.3f}, {out['perplexity_cost_pct']:+.1f}%).")
+    fastest_ar = max(rows, key=lambda r: r["ar_tok_s"] or 0.0)
+    if fastest_ar["ar_tok_s"] and fastest_ar["ar_tok_s"] > (b["sd_tok_s"] or 0.0):
+        text += f" Plain decoding of {fastest_ar['target']} is faster still ({fastest_ar['ar_tok_s']:.1f} tok/s)."
+    return out, text
+
+
+def build_variants(requests: Sequence[dict], targets: list[dict], drafts: list[dict], *, quality: bool,
+                   text_labels: list[str]) -> dict:
+    """summary.json's "variants" section."""
+    rows = variant_rows(requests, targets, drafts)
+    best, sentence = best_pair(rows, targets[0])
+    return {"reference": targets[0]["name"], "ks": list(V_KS), "v_repeats": V_REPEATS,
+            "v_context_tokens": compare.CONTEXT, "quality": quality,
+            "texts": text_labels if quality else None,
+            "targets": targets, "drafts": drafts,
+            "rows": rows, "best": best, "best_sentence": sentence}
+
+
+def write_outputs(out_dir: Path, run: BenchRun, cfg: BenchConfig, prompts: Sequence[Prompt], *,
+                  targets: list[dict | None], drafts: list[dict | None], threads: int | None = None,
+                  dataset: str | None = None, variants: dict | None = None) -> dict:
+    """summary.json, manifest.json, report.md and plots of `run`; `targets`/`drafts` are
+    describe_model dicts (the first of each heads the manifest)."""
+    summary = build_summary(run, cfg.to_dict())
+    if variants is not None:
+        summary["variants"] = variants
+    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods))
+    drafts = drafts if uses_draft else []
+    manifest = build_manifest(
+        target=targets[0], draft=drafts[0] if drafts else None, targets=targets, drafts=drafts,
+        config=cfg.to_dict(), prompts_hash=prompt_set_hash(prompts), n_prompts=len(prompts),
+        categories=list(dict.fromkeys(p.category for p in prompts)), dataset=dataset,
+        threads=threads, seed=cfg.seed, load_before=run.load_before,
+        load_after=run.load_after, started=run.started, ended=run.ended)
+    plots = write_plots(summary, run.requests, out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    report = out_dir / "report.md"
+    report.write_text(render_markdown(summary, manifest, plots), encoding="utf-8")
+    return {"summary": summary, "manifest": manifest, "report": report}
