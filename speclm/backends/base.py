@@ -10,6 +10,8 @@ Contracts:
   shape (len(tokens), vocab): row i is the next-token logits after tokens[i].
   It is ONE forward pass over the block.
 - `prefill(seq, tokens)` is `score` returning only the last row.
+- `score_batch([(seq, tokens), ...])` is `score` for each, possibly in one
+  forward over all sequences (same results up to batch numerics).
 - `rollback(seq, n)` keeps the first n tokens; O(1) bookkeeping, no recompute.
 - `fork(seq)` returns a new sequence sharing seq's tokens (KV copied/shared).
 """
@@ -55,6 +57,13 @@ class Backend(ABC):
 
     def prefill(self, seq: int, tokens: list[int]) -> np.ndarray:
         return self.score(seq, tokens)[-1]
+
+    def score_batch(self, items: list[tuple[int, list[int]]]) -> list[np.ndarray]:
+        """`score` for several sequences; a backend may run them as ONE forward."""
+        return [self.score(seq, tokens) for seq, tokens in items]
+
+    def use_threads(self, n_threads: int | None) -> None:
+        """Compute with n threads from now on (None: the backend's default)."""
 
     @abstractmethod
     def rollback(self, seq: int, n_tokens: int) -> None: ...

@@ -180,6 +180,44 @@ class LlamaCppBackend(Backend):
         ptr = L.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
 
+    def score_batch(self, items: list[tuple[int, list[int]]]) -> list[np.ndarray]:
+        """All items in ONE llama_decode (each sequence at its own positions)."""
+        total = sum(len(t) for _, t in items)
+        if total == 0 or total > self.n_ctx or len(items) == 1:
+            return super().score_batch(items)
+        b, i = self._batch, 0
+        for seq, tokens in items:
+            held = self._held[seq]
+            if len(held) + len(tokens) > self.n_ctx:
+                raise InvalidRequestError(f"sequence would hold {len(held) + len(tokens)} tokens; "
+                                          f"the context holds {self.n_ctx}")
+            for j, tok in enumerate(tokens):
+                b.token[i] = tok
+                b.pos[i] = len(held) + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq
+                b.logits[i] = 1
+                i += 1
+        b.n_tokens = total
+        rc = L.llama_decode(self._ctx, b)
+        if rc != 0:
+            for seq, _ in items:
+                L.llama_memory_seq_rm(self._mem, seq, len(self._held[seq]), -1)
+            raise BackendError(f"llama_decode failed with code {rc} on a batch of {total} tokens: {_last_error()}")
+        logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(total, self.vocab_size))
+        out, i = [], 0
+        for seq, tokens in items:
+            self._held[seq].extend(int(t) for t in tokens)
+            out.append(logits[i:i + len(tokens)].copy())
+            i += len(tokens)
+        return out
+
+    def use_threads(self, n_threads: int | None) -> None:
+        n = n_threads or self.n_threads
+        if n != getattr(self, "_threads_now", self.n_threads):
+            L.llama_set_n_threads(self._ctx, n, n)
+            self._threads_now = n
+
     def rollback(self, seq: int, n_tokens: int) -> None:
         held = self._held[seq]
         if n_tokens < len(held):
