@@ -24,8 +24,9 @@ from .spec.loop import Generation
 from .spec.proposers.base import Proposer
 from .spec.proposers.draft_model import DraftModelProposer
 from .spec.proposers.ngram import NgramProposer, check_ngram_sizes
+from .spec.ssd.speculator import FALLBACKS, SSDOptions
 
-METHODS = ("ar", "sd-draft", "sd-ngram", "auto", "heuristic")
+METHODS = ("ar", "sd-draft", "sd-ngram", "auto", "heuristic", "ssd")
 ADAPTIVE = ("auto", "heuristic")
 PROPOSERS = ("draft", "ngram")
 MAX_K = 32
@@ -38,11 +39,17 @@ class SpecConfig:
     method: "ar" (plain decoding), "sd-draft" (draft model, fixed K),
     "sd-ngram" (prompt lookup, fixed K), "auto" (K chosen every round from
     measured costs and acceptance, K = 0 when speculation does not pay),
-    "heuristic" (K += 2 after a full acceptance, else K -= 1).
+    "heuristic" (K += 2 after a full acceptance, else K -= 1), "ssd"
+    (speculative speculative decoding: a speculator process pre-drafts the
+    next block for the likely outcomes while the target verifies).
     k: draft tokens per round (for auto/heuristic: the maximum).
     proposer: for auto/heuristic, "draft" or "ngram" (None: draft when the
     LLM has a draft model, else ngram). p_min: the draft model stops drafting
     when its top-1 probability falls below it (0 = never).
+    SSD: fanout (pre-drafted branches per round), saguaro_c (Saguaro sampling,
+    1 = off), fallback on a cache miss ("auto", "neural", "cheap").
+    target_threads: the target's compute threads for this request (None: the
+    LLM's; for ssd with a local speculator: the LLM's minus the speculator's).
     """
 
     method: str = "sd-draft"
@@ -51,6 +58,10 @@ class SpecConfig:
     ngram_max: int = 4
     proposer: str | None = None
     p_min: float = 0.0
+    fanout: int = 8
+    saguaro_c: float = 1.0
+    fallback: str = "auto"
+    target_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -63,6 +74,14 @@ class SpecConfig:
             raise InvalidRequestError(f"proposer must be one of {', '.join(PROPOSERS)}, got {self.proposer!r}")
         if not isinstance(self.p_min, (int, float)) or not 0.0 <= self.p_min < 1.0:
             raise InvalidRequestError(f"p_min must be in [0, 1) (--p-min), got {self.p_min!r}")
+        if not is_int(self.fanout) or not 0 <= self.fanout <= 64:
+            raise InvalidRequestError(f"fanout must be an integer in [0, 64] (--fanout), got {self.fanout!r}")
+        if not isinstance(self.saguaro_c, (int, float)) or not 0.0 < self.saguaro_c <= 1.0:
+            raise InvalidRequestError(f"saguaro_c must be in (0, 1] (--saguaro-c), got {self.saguaro_c!r}")
+        if self.fallback not in FALLBACKS:
+            raise InvalidRequestError(f"fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
+        if self.target_threads is not None and (not is_int(self.target_threads) or self.target_threads < 1):
+            raise InvalidRequestError(f"target_threads must be an integer >= 1, got {self.target_threads!r}")
 
     @property
     def effective_k(self) -> int:
@@ -100,8 +119,10 @@ class LLM:
     """A target model and (lazily) a draft model, generating losslessly."""
 
     def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
-                 n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2):
-        """n_ctx: tokens per sequence; max_sequences: requests in flight at once."""
+                 n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2,
+                 speculator=None):
+        """n_ctx: tokens per sequence; max_sequences: requests in flight at once;
+        speculator: a SpeculatorConfig for method ssd (None: defaults)."""
         from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
         self._n_ctx, self._n_threads, self._max_seqs = n_ctx, n_threads, max_sequences
         self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences)
@@ -109,6 +130,8 @@ class LLM:
         self._draft: Backend | None = None
         self._draft_lock = threading.Lock()
         self._costs: dict[str | None, CostModel] = {}
+        self._speculator_cfg = speculator
+        self._speculator = None
 
     @property
     def draft(self) -> Backend:
@@ -127,7 +150,7 @@ class LLM:
 
     def proposer_kind(self, spec: SpecConfig) -> str | None:
         """"draft", "ngram" or None (plain decoding) for this spec."""
-        if spec.method == "sd-draft":
+        if spec.method in ("sd-draft", "ssd"):
             return "draft"
         if spec.method == "sd-ngram":
             return "ngram"
@@ -135,7 +158,34 @@ class LLM:
             return spec.proposer or ("draft" if self._draft_spec is not None else "ngram")
         return None
 
+    def speculator(self):
+        """The SSD speculator process (spawned, or connected, on first use)."""
+        from .spec.ssd.client import SpeculatorConfig, SpeculatorProcess
+        from .spec.ssd.worker import model_spec
+        with self._draft_lock:
+            if self._speculator is None:
+                draft = self._load_draft()  # checks the tokenizers; also the fallback if the speculator dies
+                self._speculator = SpeculatorProcess(model_spec(self._draft_spec, draft),
+                                                     self._speculator_cfg or SpeculatorConfig())
+            return self._speculator
+
+    def target_threads(self, spec: SpecConfig) -> int | None:
+        """The target's threads for a request: the spec's, or for ssd with a local
+        speculator the LLM's threads minus the speculator's (at least 1)."""
+        if spec.target_threads is not None or spec.method != "ssd":
+            return spec.target_threads
+        cfg = self.speculator().cfg
+        base = getattr(self.target, "n_threads", None)
+        if cfg.addr is not None or base is None:
+            return None
+        return max(1, base - (cfg.threads or 1))
+
     def proposer(self, spec: SpecConfig) -> Proposer | None:
+        if spec.method == "ssd":
+            from .spec.ssd.client import SSDProposer
+            opts = SSDOptions(k=spec.k, fanout=spec.fanout, saguaro_c=spec.saguaro_c, fallback=spec.fallback)
+            return SSDProposer(self.speculator().open, opts, fallback=lambda: DraftModelProposer(self.draft),
+                               name=f"ssd:{self.draft.name}")
         kind = self.proposer_kind(spec)
         if kind == "draft":
             return DraftModelProposer(self.draft, p_min=spec.p_min)
@@ -163,7 +213,8 @@ class LLM:
               on_text: Callable[[str], None] | None = None) -> Generation:
         """A Generation for one request (the scheduler or `generate` steps it)."""
         return Generation(self.target, self.proposer(spec), prompt_ids, params, spec.effective_k,
-                          method=spec.method, on_text=on_text, controller=self.controller(spec))
+                          method=spec.method, on_text=on_text, controller=self.controller(spec),
+                          threads=self.target_threads(spec))
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Token ids for a text prompt (or a sequence of ids, passed through)."""
@@ -203,7 +254,15 @@ class LLM:
         if spec is not None and spec.method == "auto":
             self.cost_model(spec)  # calibrate now, not inside the first timed request
 
+    def close_speculator(self) -> None:
+        """Shut the SSD speculator process down (a later ssd request starts a new one)."""
+        with self._draft_lock:
+            if self._speculator is not None:
+                self._speculator.close()
+                self._speculator = None
+
     def close(self) -> None:
+        self.close_speculator()
         self.target.close()
         if self._draft is not None:
             self._draft.close()

@@ -12,7 +12,39 @@ import sys
 
 from .errors import SpeclmError
 
-METHOD_CHOICES = ("ar", "sd-draft", "sd-ngram", "auto", "heuristic")
+METHOD_CHOICES = ("ar", "sd-draft", "sd-ngram", "auto", "heuristic", "ssd")
+
+
+def add_ssd_options(p: argparse.ArgumentParser) -> None:
+    """Flags of method ssd (generate, bench, serve)."""
+    s = p.add_argument_group("SSD (method ssd)")
+    s.add_argument("--fanout", type=int, default=8, help="pre-drafted branches per round (default 8)")
+    s.add_argument("--saguaro-c", type=float, default=1.0,
+                   help="Saguaro sampling: scale the draft's top-3 mass by C in (0, 1] (default 1 = off)")
+    s.add_argument("--fallback", choices=("auto", "neural", "cheap"), default="auto",
+                   help="on a cache miss: draft now (neural), n-gram (cheap), or by load (auto)")
+    s.add_argument("--speculator-threads", type=int, default=1, help="draft threads in the speculator (default 1)")
+    s.add_argument("--speculator-cores", default=None, help="pin the speculator to these cores, e.g. 1 or 2,3")
+    s.add_argument("--speculator-addr", default=None,
+                   help="use a running `speclm speculator` at this ZeroMQ address instead of spawning one")
+    s.add_argument("--target-threads", type=int, default=None,
+                   help="target threads for ssd (default: --threads minus the speculator's)")
+    s.add_argument("--speculator-timeout", type=float, default=10.0,
+                   help="seconds to wait for a block before finishing on the synchronous path (default 10)")
+
+
+def speculator_config(args: argparse.Namespace):
+    from .errors import InvalidRequestError
+    from .spec.ssd.client import SpeculatorConfig
+    try:
+        cores = tuple(int(c) for c in args.speculator_cores.split(",")) if args.speculator_cores else None
+    except ValueError:
+        raise InvalidRequestError(f"--speculator-cores takes core numbers like 1 or 2,3, "
+                                  f"got {args.speculator_cores!r}") from None
+    if args.speculator_threads < 1 or args.speculator_timeout <= 0:
+        raise InvalidRequestError("--speculator-threads must be >= 1 and --speculator-timeout > 0")
+    return SpeculatorConfig(threads=args.speculator_threads, cores=cores, addr=args.speculator_addr,
+                            timeout_s=args.speculator_timeout)
 
 
 def _add_generate(sub) -> None:
@@ -45,7 +77,13 @@ def _add_generate(sub) -> None:
     g.add_argument("--compare-ar", action="store_true",
                    help="also run plain decoding on the same prompt: speedup and identity")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_ssd_options(g)
     g.set_defaults(func=cmd_generate)
+
+
+def _add_speculator(sub) -> None:
+    # Listed for --help; main() hands its arguments to the worker's own parser.
+    sub.add_parser("speculator", help="run an SSD speculator process (for --speculator-addr)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="speclm", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_speculator(sub)
     add_models_parser(sub)
     add_serve_parser(sub)
     add_bench_parser(sub)
@@ -72,13 +111,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             min_p=args.min_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
                             stop=tuple(args.stop))
     spec = SpecConfig(method=args.method, k=args.k, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
-                      proposer=args.proposer, p_min=args.p_min)
-    wants_draft = args.method == "sd-draft" or (args.method in ("auto", "heuristic") and args.proposer != "ngram")
+                      proposer=args.proposer, p_min=args.p_min, fanout=args.fanout, saguaro_c=args.saguaro_c,
+                      fallback=args.fallback, target_threads=args.target_threads)
+    wants_draft = args.method in ("sd-draft", "ssd") or (args.method in ("auto", "heuristic") and args.proposer != "ngram")
     draft = args.draft if wants_draft else None
     if wants_draft and draft is None and args.target is None:
         from .models.registry import DEFAULT_DRAFT
         draft = DEFAULT_DRAFT
-    with LLM(target=args.target, draft=draft, n_ctx=args.n_ctx, n_threads=args.threads) as llm:
+    with LLM(target=args.target, draft=draft, n_ctx=args.n_ctx, n_threads=args.threads,
+             speculator=speculator_config(args)) as llm:
         prompt_ids = llm.encode(prompt, chat=args.chat)
         llm.warmup(spec)
         stream = None if args.json else _stdout_stream
@@ -109,6 +150,10 @@ def _stdout_stream(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["speculator"]:
+        from .spec.ssd.worker import main as speculator_main
+        return speculator_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -22,6 +22,7 @@ class RoundRecord:
     verify_ms: float
     other_ms: float
     note: str | None = None  # why this K was chosen (adaptive controllers)
+    info: dict | None = None  # the proposer's facts about this round (SSD: hit, fan-out, waits)
 
     @property
     def emitted(self) -> int:
@@ -57,6 +58,7 @@ class Summary:
     draft_ms: float
     verify_ms: float
     other_ms: float
+    cache_hit_rate: float | None = None  # SSD: rounds whose block was pre-drafted / rounds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -98,7 +100,15 @@ def summarize(rounds: list[RoundRecord], output_tokens: int, wall_ms: float,
         draft_ms=sum(r.draft_ms for r in rounds),
         verify_ms=sum(r.verify_ms for r in rounds),
         other_ms=sum(r.other_ms for r in rounds),
+        cache_hit_rate=cache_hit_rate(rounds),
     )
+
+
+def cache_hit_rate(rounds: list[RoundRecord]) -> float | None:
+    """SSD: the share of rounds whose block came from the speculation cache
+    (None when no round went through a speculator)."""
+    ssd = [r for r in rounds if r.info and "hit" in r.info]
+    return sum(bool(r.info["hit"]) for r in ssd) / len(ssd) if ssd else None
 
 
 @dataclass

@@ -102,6 +102,8 @@ class Generation:
     the steps of many Generations on one backend. Owns its KV sequence and
     its proposer; `close()` releases both (idempotent).
 
+    `threads` (None: the backend default) sets the target's compute threads
+    for this request's forwards (SSD gives the other cores to its speculator).
     `controller`, if given, picks each round's K (0 = a plain decoding step)
     through `choose(k_max) -> (k, note)` and learns from `observe(record)`.
     """
@@ -109,8 +111,9 @@ class Generation:
     def __init__(self, target: Backend, proposer: Proposer | None, prompt_ids: list[int],
                  params: SamplingParams, k: int, method: str = "sd",
                  on_text: Callable[[str], None] | None = None,
-                 eos_ids: frozenset[int] | None = None, controller=None):
+                 eos_ids: frozenset[int] | None = None, controller=None, threads: int | None = None):
         check_request(target, prompt_ids, k)
+        self.threads = threads  # target compute threads for this request (None: the backend's)
         self.target, self.proposer, self.params, self.k = target, proposer, params, k
         self.method, self.on_text, self.controller = method, on_text, controller
         self.prompt_ids = list(prompt_ids)
@@ -131,7 +134,10 @@ class Generation:
     def _start(self) -> None:
         t0 = time.perf_counter()  # a scheduler may start us later than t_start
         self.seq = self.target.new_sequence()
+        if self.proposer is not None and self.k > 0:
+            self.proposer.begin(self.context, self.params)
         if len(self.context) > 1:
+            self.target.use_threads(self.threads)
             self.target.prefill(self.seq, self.context[:-1])
         self.prefill_ms = (time.perf_counter() - t0) * 1000
 
@@ -149,7 +155,9 @@ class Generation:
         k_r, note = self.controller.choose(k_max) if self.controller else (k_max, None)
         t0 = time.perf_counter()
         d = draft(self.proposer, self.context, k_r, self.params, self.rng)
+        info = self.proposer.round_info() if self.proposer is not None and k_r > 0 else None
         t1 = time.perf_counter()
+        self.target.use_threads(self.threads)
         p = score(self.target, self.seq, self.context[-1], d, self.params)
         t2 = time.perf_counter()
         a = accept(d, p, self.params, self.rng)
@@ -164,7 +172,8 @@ class Generation:
         if self.ttft_ms is None:
             self.ttft_ms = (t3 - self.t_start) * 1000
         record = RoundRecord(proposed=len(d), accepted=a, draft_ms=(t1 - t0) * 1000,
-                             verify_ms=(t2 - t1) * 1000, other_ms=(t3 - t2) * 1000, note=note)
+                             verify_ms=(t2 - t1) * 1000, other_ms=(t3 - t2) * 1000, note=note,
+                             info=info)
         self.rounds.append(record)
         if self.controller:
             self.controller.observe(record)

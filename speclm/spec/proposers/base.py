@@ -35,5 +35,13 @@ class Proposer(ABC):
                 rng: np.random.Generator) -> Draft:
         """Return at most k tokens (possibly none) continuing context."""
 
+    def begin(self, context: list[int], params: SamplingParams) -> None:
+        """Called once before the target's prefill: a proposer on other hardware
+        may start its own prefill now, in parallel (default: nothing)."""
+
+    def round_info(self) -> dict | None:
+        """Facts about the last propose() for the round trace (SSD: cache hit, waits)."""
+        return None
+
     def close(self) -> None:
         """Release resources (KV sequences, models). Safe to call twice."""

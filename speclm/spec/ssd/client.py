@@ -1,0 +1,337 @@
+"""The verifier's side of SSD: the speculator process, per-request channels to
+it, and `SSDProposer`, the Proposer the ordinary loop drives.
+
+SSD adds a speculator, not a second engine: `Generation` calls
+`proposer.propose(context, k)` as for any proposer. The proposer reads the
+previous round's outcome (k accepted, bonus t*) off the new context, sends it,
+and gets the next block, pre-drafted while the target was verifying (a hit)
+or drafted now (a miss). The exact q of every drafted token travels with it.
+
+If the speculator dies or stops answering within `timeout_s`, the request goes
+on with a synchronous proposer (one log line): same output, nothing lost.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import zmq
+
+from ...backends.base import Backend
+from ...errors import BackendError
+from ...sampling import SamplingParams
+from ..proposers.base import Draft, Proposer
+from .speculator import Block, SpeculatorSession, SSDOptions
+from .wire import block_from, decode, encode, params_to_dict
+
+log = logging.getLogger("speclm.ssd")
+
+
+class SpeculatorLost(Exception):
+    """The speculator died, timed out or answered with an error."""
+
+
+@dataclass(frozen=True)
+class SpeculatorConfig:
+    """Where and how the speculator runs.
+
+    threads: llama.cpp threads of the draft; cores: CPU cores to pin it to
+    (e.g. (1,)); addr: connect to a running `speclm speculator` (e.g.
+    tcp://host:5555) instead of spawning one; timeout_s: longest wait for one
+    block before falling back; max_sequences: its KV sequences (sessions ×
+    (fan-out + 1)).
+    """
+
+    threads: int | None = 1
+    cores: tuple[int, ...] | None = None
+    addr: str | None = None
+    timeout_s: float = 10.0
+    start_timeout_s: float = 120.0
+    max_sequences: int = 24
+    n_ctx: int = 4096
+
+
+class SpeculatorProcess:
+    """A speculator worker (spawned, or reached at cfg.addr) shared by all requests."""
+
+    def __init__(self, model: str, cfg: SpeculatorConfig = SpeculatorConfig()):
+        self.model, self.cfg = model, cfg
+        self.ctx = zmq.Context()
+        self.proc: subprocess.Popen | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._lock = threading.Lock()
+        self.lost: str | None = None  # why the speculator is unusable, once it is
+        self.addr = cfg.addr or self._spawn()
+        atexit.register(self.close)
+        try:
+            self.hello = self._hello()
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(self) -> str:
+        self._tmp = tempfile.TemporaryDirectory(prefix="speclm-ssd-")
+        addr = f"ipc://{self._tmp.name}/speculator.sock"
+        cmd = [sys.executable, "-m", "speclm.spec.ssd.worker", "--bind", addr, "--model", self.model,
+               "--n-ctx", str(self.cfg.n_ctx), "--max-sequences", str(self.cfg.max_sequences),
+               "--parent-pid", str(os.getpid())]
+        if self.cfg.threads:
+            cmd += ["--threads", str(self.cfg.threads)]
+        if self.cfg.cores:
+            cmd += ["--cores", ",".join(map(str, self.cfg.cores))]
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=self._stderr)
+        return addr
+
+    def stats(self) -> dict:
+        """The worker's open sessions and live KV sequences."""
+        return self._hello(op="stats")
+
+    def _hello(self, op: str = "hello") -> dict:
+        sock = self._socket()
+        try:
+            sock.send_multipart(encode({"op": op}))
+            deadline = time.monotonic() + self.cfg.start_timeout_s
+            while not sock.poll(100):
+                if self.proc is not None and self.proc.poll() is not None:
+                    self._stderr.seek(0)
+                    err = self._stderr.read().decode("utf-8", "replace").strip().splitlines()
+                    raise BackendError(f"the SSD speculator process exited ({self.proc.returncode}): "
+                                       f"{err[-1] if err else 'no message'}")
+                if time.monotonic() > deadline:
+                    raise BackendError(f"no SSD speculator answered at {self.addr} within "
+                                       f"{self.cfg.start_timeout_s:.0f} s: start one with `speclm speculator "
+                                       f"--bind ADDR --model NAME` or drop --speculator-addr")
+            header, _ = decode(sock.recv_multipart())
+            return header
+        finally:
+            sock.close()
+
+    def _socket(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.addr)
+        return sock
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def open(self) -> ZmqChannel:
+        if self.lost:
+            raise SpeculatorLost(self.lost)
+        return ZmqChannel(self)
+
+    def mark_lost(self, why: str) -> None:
+        with self._lock:
+            if self.lost is None:
+                self.lost = why
+                log.warning("SSD speculator lost (%s): requests continue on the synchronous draft path", why)
+
+    def close(self) -> None:
+        """Shut the worker down (ask, then terminate, then kill); idempotent."""
+        if self.proc is not None and self.proc.poll() is None:
+            sock = self._socket()
+            try:
+                sock.send_multipart(encode({"op": "shutdown"}))
+                sock.poll(2000)
+            finally:
+                sock.close()
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(3)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        if not self.ctx.closed:
+            self.ctx.destroy(linger=0)  # also closes channels of requests still in flight
+
+
+class ZmqChannel:
+    """One request's REQ socket to the speculator."""
+
+    def __init__(self, speculator: SpeculatorProcess):
+        self.speculator = speculator
+        self.sid = uuid.uuid4().hex
+        self.sock = speculator._socket()
+
+    def send(self, header: dict) -> None:
+        """Send a request now; `receive()` waits for its block (the speculator works meanwhile)."""
+        if self.speculator.lost:
+            raise SpeculatorLost(self.speculator.lost)
+        try:
+            self.sock.send_multipart(encode({**header, "sid": self.sid}))
+        except zmq.ZMQError as exc:
+            raise SpeculatorLost(f"transport error: {exc}") from None
+
+    def request(self, header: dict) -> Block:
+        self.send(header)
+        return self.receive()
+
+    def receive(self) -> Block:
+        sp = self.speculator
+        try:
+            deadline = time.monotonic() + sp.cfg.timeout_s
+            while not self.sock.poll(50):
+                if sp.proc is not None and sp.proc.poll() is not None:
+                    raise SpeculatorLost(f"process {sp.proc.pid} exited with {sp.proc.returncode}")
+                if time.monotonic() > deadline:
+                    raise SpeculatorLost(f"no answer within {sp.cfg.timeout_s:g} s")
+            reply, arrays = decode(self.sock.recv_multipart())
+        except zmq.ZMQError as exc:
+            raise SpeculatorLost(f"transport error: {exc}") from None
+        if not reply.get("ok"):
+            raise SpeculatorLost(f"speculator error: {reply.get('error')}")
+        return block_from(reply, arrays)
+
+    def close(self) -> None:
+        if not self.speculator.lost and not self.sock.closed:
+            try:
+                self.sock.send_multipart(encode({"op": "close", "sid": self.sid}))
+                self.sock.poll(200)
+            except zmq.ZMQError:
+                pass
+        self.sock.close()
+
+
+class InlineChannel:
+    """The speculator in this process (tests, one-core runs). Before answering an
+    outcome it runs `predraft` pre-drafting units (None: all of them, a
+    complete cache; 0: none, so every outcome misses)."""
+
+    def __init__(self, backend: Backend, predraft: int | None = None):
+        self.backend, self.predraft = backend, predraft
+        self.session: SpeculatorSession | None = None
+
+    def send(self, header: dict) -> None:
+        self._pending = header
+
+    def receive(self) -> Block:
+        return self.request(self._pending)
+
+    def request(self, header: dict) -> Block:
+        op = header["op"]
+        if op == "start":
+            from .wire import opts_from, params_from
+            self.close()
+            self.session = SpeculatorSession(self.backend, header["context"], params_from(header["params"]),
+                                             opts_from(header["opts"]), header.get("seed"))
+            return self.session.start()
+        n = 0
+        while (self.predraft is None or n < self.predraft) and self.session.work():
+            n += 1
+        if op == "outcome":
+            return self.session.resolve(header["k"], header["t"])
+        return self.session.sync(header["context"])
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+class SSDProposer(Proposer):
+    """Proposes the speculator's blocks; falls back to `fallback()` if it is lost."""
+
+    def __init__(self, open_channel: Callable[[], object], opts: SSDOptions,
+                 fallback: Callable[[], Proposer], name: str = "ssd"):
+        self.open_channel, self.opts, self.make_fallback = open_channel, opts, fallback
+        self.name = name
+        self.channel = None
+        self.sync_proposer: Proposer | None = None
+        self._ctx_len = 0  # len(context) the last block continued
+        self._block: list[int] = []
+        self._info: dict | None = None
+        self._started = False  # the start request is in flight
+
+    def begin(self, context: list[int], params: SamplingParams) -> None:
+        """Ask for the first block now, so the speculator prefills while the target does."""
+        if self.sync_proposer is None and self.channel is None:
+            try:
+                self.channel = self.open_channel()
+                self.channel.send(self._start_header(context, params))
+                self._started, self._begun_len = True, len(context)
+            except SpeculatorLost as exc:
+                self._lose(str(exc))
+
+    def _start_header(self, context: list[int], params: SamplingParams) -> dict:
+        return {"op": "start", "context": list(context), "params": params_to_dict(params),
+                "opts": self.opts.to_dict(), "seed": params.seed}
+
+    def propose(self, context: list[int], k: int, params: SamplingParams,
+                rng: np.random.Generator) -> Draft:
+        if self.sync_proposer is None:
+            t0 = time.perf_counter()
+            try:
+                block = self._next_block(context, params)
+            except SpeculatorLost as exc:
+                self._lose(str(exc))
+            else:
+                self._ctx_len, self._block = len(context), list(block.tokens)
+                self._info = {"hit": block.hit, **block.info, "wait_ms": (time.perf_counter() - t0) * 1000}
+                return Draft(block.tokens[:k], block.q[:k])
+        self._info = {"hit": False, "fallback": "sync"}
+        return self.sync_proposer.propose(context, k, params, rng)
+
+    def _next_block(self, context: list[int], params: SamplingParams) -> Block:
+        if self._started:
+            self._started = False
+            block = self.channel.receive()
+            if len(context) == self._begun_len:
+                return block
+            self._ctx_len, self._block = self._begun_len, []  # context moved on (plain steps): resync below
+        elif self.channel is None:
+            self.channel = self.open_channel()
+            return self.channel.request(self._start_header(context, params))
+        a = len(context) - self._ctx_len - 1  # accepted tokens of the last block
+        if 0 <= a <= len(self._block) and context[self._ctx_len:self._ctx_len + a] == self._block[:a]:
+            return self.channel.request({"op": "outcome", "k": a, "t": int(context[-1])})
+        return self.channel.request({"op": "sync", "context": list(context)})
+
+    def _lose(self, why: str) -> None:
+        """Go on synchronously; one log line per lost speculator (none when it was
+        already known to be lost before this request opened a channel)."""
+        if self.channel is not None:
+            speculator = getattr(self.channel, "speculator", None)
+            if speculator is not None:
+                speculator.mark_lost(why)
+            else:
+                log.warning("SSD speculator lost (%s): continuing on the synchronous draft path", why)
+        self._close_channel()
+        self.sync_proposer = self.make_fallback()
+
+    def round_info(self) -> dict | None:
+        return self._info
+
+    def _close_channel(self) -> None:
+        if self.channel is not None:
+            try:
+                if self._started:  # a start request is in flight: take its answer first
+                    self._started = False
+                    self.channel.receive()
+            except SpeculatorLost:
+                pass
+            try:
+                self.channel.close()
+            except Exception:
+                pass
+            self.channel = None
+
+    def close(self) -> None:
+        self._close_channel()
+        if self.sync_proposer is not None:
+            self.sync_proposer.close()

@@ -1,0 +1,257 @@
+"""The SSD speculator: one draft model pre-drafting the next block for the
+likely verification outcomes while the target verifies the current one.
+
+Transport-agnostic: `SpeculatorSession` is driven by three calls,
+- `start()` / `sync(context)`: draft a block synchronously (always a miss),
+- `resolve(k, t)`: the verifier's outcome → the next block (cache hit or
+  fallback), and
+- `work()`: one unit of pre-drafting (glue, plan, or one batched draft step
+  over every branch); returns False when the cache is complete.
+The worker process (worker.py) calls `work()` between messages; tests call it
+in-process to force hits (run to completion) or misses (never run).
+
+Invariants: `ctx` is the verified context (every token, the last included);
+`block` continues it; `logits[j]` are the draft's logits after
+ctx + block[:j]. Every drafted token is drawn from exactly the q sent with it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...backends.base import Backend
+from ...sampling import SamplingParams, sample, softmax, target_probs
+from ..proposers.draft_model import common_prefix_len
+from ..proposers.ngram import find_continuation
+from .fanout import AcceptanceEstimate, allocate_fanout, candidates, outcome_probs, saguaro
+
+FALLBACKS = ("auto", "neural", "cheap")
+
+
+@dataclass(frozen=True)
+class SSDOptions:
+    """Per-request SSD settings.
+
+    k: block length; fanout: total pre-drafted branches per round (B);
+    r: fan-out exponent (F_k ∝ P(k)^(1/(1+r))); saguaro_c / saguaro_top:
+    Saguaro sampling (c = 1 disables); fallback on a miss: "neural" (draft
+    synchronously), "cheap" (n-gram, one-hot q; empty block if no match) or
+    "auto" (neural while fewer than cheap_at_sessions sessions are live).
+    width: branches advanced per draft forward, most likely outcome first
+    (1: depth-first, best when one forward costs about its batch size, as on
+    CPUs; fanout: every branch in lockstep, as one batch, best on GPUs).
+    """
+
+    k: int = 4
+    fanout: int = 8
+    r: float = 1.0
+    saguaro_c: float = 1.0
+    saguaro_top: int = 3
+    fallback: str = "auto"
+    width: int = 1
+    cheap_at_sessions: int = 4
+    alpha_prior: float = 0.7
+
+    def to_dict(self) -> dict:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+@dataclass
+class Block:
+    """A drafted block as sent to the verifier."""
+
+    tokens: list[int]
+    q: list[np.ndarray | None]
+    hit: bool
+    info: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Branch:
+    """A pre-drafted continuation for outcome (k, t): its KV sequence holds
+    ctx + block[:k] + [t] + tokens[:-1]."""
+
+    k: int
+    t: int
+    seq: int
+    prior: float  # the outcome's estimated probability: branches are drafted in this order
+    tokens: list[int] = field(default_factory=list)
+    q: list[np.ndarray | None] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+
+
+class SpeculatorSession:
+    """One request's speculation state on the speculator's draft backend."""
+
+    def __init__(self, backend: Backend, context: list[int], params: SamplingParams,
+                 opts: SSDOptions, seed: int | None = None, live_sessions=lambda: 1):
+        self.backend, self.params, self.opts = backend, params, opts
+        self.rng = np.random.default_rng(None if seed is None else [seed, 0x55D])
+        self.live_sessions = live_sessions
+        self.ctx: list[int] = list(context)
+        self.block: list[int] = []
+        self.block_q: list[np.ndarray | None] = []
+        self.logits: list[np.ndarray] = []
+        self.block_from_hit = False
+        self.alpha = AcceptanceEstimate(opts.alpha_prior)
+        self.main = backend.new_sequence()
+        self.branches: dict[tuple[int, int], _Branch] = {}
+        self.stage = "idle"  # idle → glue → plan → draft → done
+        self.depth = 0  # draft forwards run for the current branches
+        self.busy_ms = 0.0
+        self.t_work_done: float | None = None
+
+    # ---- the verifier's calls --------------------------------------------
+    def start(self) -> Block:
+        return self._fallback(self.ctx, neural=True)
+
+    def sync(self, context: list[int]) -> Block:
+        """Resynchronise to an arbitrary context (the verifier skipped a block)."""
+        self._drop_branches()
+        return self._fallback(list(context), neural=True)
+
+    def resolve(self, k: int, t: int) -> Block:
+        """Outcome of verifying the current block → the next block."""
+        if not 0 <= k <= len(self.block):
+            return self.sync(self.ctx + self.block[:k] + [t])  # a malformed outcome: be safe
+        self.alpha.observe(self.block_from_hit, k, len(self.block))
+        idle_ms = (time.perf_counter() - self.t_work_done) * 1000 if self.t_work_done else 0.0
+        info = {"outcome_k": k, "fanout": len(self.branches), "forwards": self.depth,
+                "busy_ms": self.busy_ms, "idle_ms": idle_ms}
+        new_ctx = self.ctx + self.block[:k] + [t]
+        branch = self.branches.pop((k, t), None)
+        if branch is not None and branch.tokens:
+            self._drop_branches()
+            self.backend.free(self.main)
+            self.main = branch.seq
+            self._set(new_ctx, branch.tokens, branch.q, branch.logits, hit=True)
+            block = Block(list(branch.tokens), list(branch.q), True, info)
+        else:
+            if branch is not None:
+                self.backend.free(branch.seq)
+            self._drop_branches()
+            block = self._fallback(new_ctx)
+            block.info.update(info)
+        return block
+
+    def close(self) -> None:
+        self._drop_branches()
+        if self.main is not None:
+            self.backend.free(self.main)
+            self.main = None
+
+    # ---- pre-drafting ----------------------------------------------------------
+    def work(self) -> bool:
+        """One unit of pre-drafting; False once there is nothing left to do."""
+        if self.stage in ("idle", "done"):
+            return False
+        t0 = time.perf_counter()
+        if self.stage == "glue":
+            self._glue()
+            self.stage = "plan"
+        elif self.stage == "plan":
+            self._plan()
+            self.stage = "draft" if self.branches else "done"
+        elif not self._draft_step():
+            self.stage = "done"
+        t1 = time.perf_counter()
+        self.busy_ms += (t1 - t0) * 1000
+        if self.stage == "done":
+            self.t_work_done = t1
+        return self.stage != "done"
+
+    def _glue(self) -> None:
+        """Feed the block's unfed tail so logits are known after every block prefix."""
+        want = self.ctx + self.block
+        keep = min(common_prefix_len(self.backend.tokens(self.main), want), len(want) - 1)
+        self.backend.rollback(self.main, keep)
+        rows = self.backend.score(self.main, want[keep:])
+        self.logits += [None] * (len(self.block) + 1 - len(self.logits))
+        for i, row in enumerate(rows):
+            j = keep + i + 1 - len(self.ctx)  # row i is the logits after ctx + block[:j]
+            if j >= 0:
+                self.logits[j] = row
+
+    def _plan(self) -> None:
+        """Fork one branch per likely outcome (k, t*), F_k of them at position k."""
+        kb = len(self.block)
+        caps = [self.backend.vocab_size - (1 if k < kb else 0) for k in range(kb + 1)]
+        room = (self.backend.max_sequences or 1 << 30) - getattr(self.backend, "live_sequences", 0)
+        budget = min(self.opts.fanout, max(0, room))
+        alpha = self.alpha.alpha(self.block_from_hit)
+        fan = allocate_fanout(alpha, kb, budget, self.opts.r, caps)
+        p_k = outcome_probs(alpha, kb)
+        base = len(self.ctx)
+        for k, f in enumerate(fan):
+            exclude = self.block[k] if k < kb else None
+            q = softmax(self.logits[k])
+            rest = 1.0 - (q[exclude] if exclude is not None else 0.0)
+            for t in candidates(self.logits[k], f, exclude):
+                seq = self.backend.fork(self.main)
+                self.backend.rollback(seq, base + k)
+                self.branches[(k, t)] = _Branch(k, t, seq, p_k[k] * q[t] / max(rest, 1e-12))
+        self.depth = 0
+
+    def _draft_step(self) -> bool:
+        """One draft forward for the `width` most likely unfinished branches (one
+        batch); False when every branch holds K tokens."""
+        todo = sorted((b for b in self.branches.values() if len(b.tokens) < self.opts.k),
+                      key=lambda b: -b.prior)[:max(1, self.opts.width)]
+        if not todo:
+            return False
+        rows = self.backend.score_batch([(b.seq, [b.tokens[-1] if b.tokens else b.t]) for b in todo])
+        for b, row in zip(todo, rows):
+            tok, q = self._draw(row[-1])
+            b.tokens.append(tok)
+            b.q.append(q)
+            b.logits.append(row[-1])
+        self.depth += 1
+        return True
+
+    # ---- helpers -----------------------------------------------------------------
+    def _draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """A draft token and the exact q it was drawn from (None: greedy, one-hot)."""
+        if self.params.greedy:
+            return int(np.argmax(logits)), None
+        q = saguaro(target_probs(logits, self.params), self.opts.saguaro_c, self.opts.saguaro_top)
+        return sample(q, self.rng), q
+
+    def _fallback(self, new_ctx: list[int], neural: bool | None = None) -> Block:
+        """A block drafted now, from new_ctx (a cache miss)."""
+        if neural is None:
+            mode = self.opts.fallback
+            if mode == "auto":
+                mode = "neural" if self.live_sessions() < self.opts.cheap_at_sessions else "cheap"
+            neural = mode == "neural"
+        keep = min(common_prefix_len(self.backend.tokens(self.main), new_ctx), len(new_ctx) - 1)
+        self.backend.rollback(self.main, keep)
+        if not neural:
+            tokens = find_continuation(new_ctx, self.opts.k, 2, 4)
+            self._set(new_ctx, tokens, [None] * len(tokens), [], hit=False)
+            return Block(tokens, [None] * len(tokens), False, {"fallback": "cheap"})
+        logits = self.backend.prefill(self.main, new_ctx[keep:])
+        tokens, qs, rows = [], [], []
+        for i in range(self.opts.k):
+            tok, q = self._draw(logits)
+            tokens.append(tok)
+            qs.append(q)
+            rows.append(logits)
+            if i + 1 < self.opts.k:
+                logits = self.backend.prefill(self.main, [tok])
+        self._set(new_ctx, tokens, qs, rows, hit=False)
+        return Block(tokens, qs, False, {"fallback": "neural"})
+
+    def _set(self, ctx: list[int], tokens: list[int], qs: list, logits: list, hit: bool) -> None:
+        self.ctx, self.block, self.block_q = ctx, list(tokens), list(qs)
+        self.logits = list(logits)
+        self.block_from_hit = hit
+        self.stage = "glue"
+        self.busy_ms, self.t_work_done, self.depth = 0.0, None, 0
+
+    def _drop_branches(self) -> None:
+        for b in self.branches.values():
+            self.backend.free(b.seq)
+        self.branches.clear()

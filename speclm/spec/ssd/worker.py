@@ -1,0 +1,171 @@
+"""The speculator process: owns the draft model, answers each verification
+outcome with the next block, and pre-drafts between messages.
+
+    python -m speclm.spec.ssd.worker --bind ipc:///tmp/x.sock --model qwen2.5-coder-0.5b
+    speclm speculator --bind tcp://0.0.0.0:5555 --model qwen2.5-coder-0.5b   # another machine
+
+One ZeroMQ ROUTER socket serves every verifier session (each a REQ socket).
+Between messages the loop runs one pre-drafting unit at a time, round-robin
+over sessions, and polls the socket after each, so an outcome is answered as
+soon as the current draft forward ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import zmq
+
+from ...backends.base import Backend
+from .speculator import SpeculatorSession
+from .wire import block_frames, decode, encode, opts_from, params_from
+
+TOY_PREFIX = "toy:"
+
+
+def toy_spec(backend) -> str:
+    """A model spec that rebuilds this ToyBackend in another process."""
+    return TOY_PREFIX + json.dumps({"vocab_size": backend.vocab_size, "seed": backend.seed,
+                                    "order": backend.order, "sharpness": backend.sharpness,
+                                    "eos_id": next(iter(backend.eos_ids), None), "n_ctx": backend.n_ctx,
+                                    "alphabet": backend.alphabet, "name": backend.name})
+
+
+def model_spec(spec, backend: Backend) -> str:
+    """What the worker process needs to load the same draft model."""
+    if isinstance(spec, str):
+        return spec
+    if hasattr(backend, "path"):
+        return str(backend.path)
+    if hasattr(backend, "logits_for"):
+        return toy_spec(backend)
+    raise ValueError(f"cannot run draft {backend.name} in a speculator process: pass a model name or GGUF path")
+
+
+def load_model(spec: str, n_ctx: int, threads: int | None, max_sequences: int) -> Backend:
+    if spec.startswith(TOY_PREFIX):
+        from ...backends.toy import ToyBackend
+        return ToyBackend(**json.loads(spec[len(TOY_PREFIX):]))
+    from ...api import load_backend
+    return load_backend(spec, n_ctx, threads, max_sequences)
+
+
+class Worker:
+    """Sessions by id on one draft backend."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self.sessions: dict[str, SpeculatorSession] = {}
+        self._turn = 0
+
+    def handle(self, header: dict) -> list[bytes]:
+        op = header.get("op")
+        try:
+            if op == "hello":
+                return encode({"ok": True, "pid": os.getpid(), "model": self.backend.name,
+                               "vocab_size": self.backend.vocab_size})
+            if op == "start":
+                self._close(header["sid"])
+                s = SpeculatorSession(self.backend, header["context"], params_from(header["params"]),
+                                      opts_from(header["opts"]), header.get("seed"),
+                                      live_sessions=lambda: len(self.sessions))
+                self.sessions[header["sid"]] = s
+                return block_frames(s.start())
+            if op == "outcome":
+                return block_frames(self._session(header).resolve(int(header["k"]), int(header["t"])))
+            if op == "sync":
+                return block_frames(self._session(header).sync(header["context"]))
+            if op == "close":
+                self._close(header["sid"])
+                return encode({"ok": True})
+            if op == "stats":
+                return encode({"ok": True, "sessions": len(self.sessions),
+                               "live_sequences": getattr(self.backend, "live_sequences", None)})
+            if op == "shutdown":
+                return encode({"ok": True})
+            return encode({"ok": False, "error": f"unknown op {op!r}"})
+        except Exception as exc:  # the verifier falls back; the worker keeps serving others
+            self._close(header.get("sid"))
+            return encode({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+    def _session(self, header: dict) -> SpeculatorSession:
+        s = self.sessions.get(header.get("sid"))
+        if s is None:
+            raise KeyError(f"no session {header.get('sid')!r} (it was closed or never started)")
+        return s
+
+    def _close(self, sid) -> None:
+        s = self.sessions.pop(sid, None)
+        if s is not None:
+            s.close()
+
+    def work_once(self) -> bool:
+        """One pre-drafting unit for the next session with work; False if none has any."""
+        ids = list(self.sessions)
+        for i in range(len(ids)):
+            sid = ids[(self._turn + i) % len(ids)]
+            if self.sessions[sid].work():
+                self._turn = (self._turn + i + 1) % max(1, len(ids))
+                return True
+        return False
+
+    def serve(self, sock: zmq.Socket, parent_pid: int | None) -> None:
+        busy = False
+        while True:
+            if sock.poll(0 if busy else 100):
+                ident, empty, *frames = sock.recv_multipart()
+                header, _ = decode(frames)
+                sock.send_multipart([ident, empty, *self.handle(header)])
+                if header.get("op") == "shutdown":
+                    return
+                busy = True
+            else:
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    return  # the verifier is gone (even if it was SIGKILLed)
+                busy = busy and self.work_once()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="speclm speculator", description="Run an SSD speculator process.")
+    ap.add_argument("--bind", required=True, help="ZeroMQ address, e.g. ipc:///tmp/s.sock or tcp://0.0.0.0:5555")
+    ap.add_argument("--model", required=True, help="draft model name or GGUF path")
+    ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads for the draft")
+    ap.add_argument("--cores", default=None, help="CPU cores to pin to, e.g. 1 or 2,3")
+    ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--max-sequences", type=int, default=24, help="KV sequences: sessions × (fan-out + 1)")
+    ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the verifier's: it shuts us down
+    if args.cores:
+        os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
+    try:
+        backend = load_model(args.model, args.n_ctx, args.threads, args.max_sequences)
+    except Exception as exc:
+        print(f"speculator: cannot load {args.model}: {exc}", file=sys.stderr)
+        return 2
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.bind(args.bind)
+    except zmq.ZMQError as exc:
+        print(f"speculator: cannot bind {args.bind}: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        Worker(backend).serve(sock, args.parent_pid)
+    finally:
+        sock.close()
+        ctx.term()
+        backend.close()
+    print(f"speculator: served {time.perf_counter() - t0:.1f} s, exiting", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
