@@ -19,12 +19,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..api import LLM
+from ..api import LLM, SpecConfig
+from ..cli import add_ssd_options, speculator_config
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
 from ..sampling import SamplingParams
 from .manifest import describe_model
-from .methods import METHODS, parse_methods
+from .methods import METHODS, parse_methods, register_method
 from .report import MAIN_HEADER, table_rows
 from .runner import BenchConfig, TraceSink, busy_warning, run_bench
 from .sweep import ProgressBars, plan_models, run_sweep, write_outputs
@@ -86,6 +87,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     b.add_argument("--n-ctx", type=int, default=4096, help="context per sequence (default 4096)")
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
+    add_ssd_options(b)
     b.set_defaults(func=cmd_bench)
     return b
 
@@ -156,6 +158,11 @@ def print_main_table(summary: dict, console: Console | None = None) -> None:
                       f"{escape(v['evidence'])}")
     if summary.get("variants"):
         console.print(escape(summary["variants"]["best_sentence"]))
+    for r in summary.get("ssd_projection", []):
+        console.print(f"ssd K={r['k']} {escape(r['category'])} (T={r['temperature']:g}): cache hit rate "
+                      f"{r['inputs']['hit_rate']:.2f}, measured {r['ssd_decode_tok_s_measured']:.1f} decode tok/s here; "
+                      f"[bold]PROJECTION[/] with its own equal hardware {r['ssd_decode_tok_s_projected']:.1f} tok/s "
+                      f"= {r['projected_vs_sd']:.2f}× sd-draft K={r['k']} (not measured; see report.md)")
     for w in summary["warnings"]:
         console.print(f"[bold red]WARNING:[/] {escape(w)}")
 
@@ -172,8 +179,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if warning:
         err.print(f"[bold red]WARNING:[/] {escape(warning)}")
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
+    register_method("ssd", lambda k: SpecConfig(method="ssd", k=k, fanout=args.fanout, saguaro_c=args.saguaro_c,
+                                                fallback=args.fallback, target_threads=args.target_threads),
+                    needs_draft=True, description=METHODS["ssd"].description)
     out = run_sweep(plan, prompts, cfg, out_dir, n_ctx=args.n_ctx, threads=args.threads, dataset=args.dataset,
-                    variant_quality=args.variant_quality, progress=True)
+                    variant_quality=args.variant_quality, progress=True, speculator=speculator_config(args))
     print_main_table(out["summary"])
     print(f"report: {out['report']}")
     return 0

@@ -85,5 +85,7 @@ register_method("auto", lambda k: SpecConfig(method="auto", k=k, proposer="draft
                 description="goodput controller over the draft model: K chosen each round in 0..k")
 register_method("auto-ngram", lambda k: SpecConfig(method="auto", k=k, proposer="ngram"),
                 description="goodput controller over prompt lookup: K chosen each round in 0..k")
+register_method("ssd", lambda k: SpecConfig(method="ssd", k=k), needs_draft=True,
+                description="speculative speculative decoding: a speculator process pre-drafts for likely outcomes")
 register_method("heuristic", lambda k: SpecConfig(method="heuristic", k=k, proposer="draft"), needs_draft=True,
                 description="draft model, K += 2 after a full acceptance else K -= 1 (max k)")

@@ -175,7 +175,42 @@ def group_row(key: tuple, recs: Sequence[dict], pairs: Sequence[tuple[dict, dict
             "draft_share": sum(r["draft_ms"] for r in recs) / wall if wall > 0 else 0.0,
             "verify_share": sum(r["verify_ms"] for r in recs) / wall if wall > 0 else 0.0,
             "identity": {"compared": len(ident), "identical": sum(1 for i in ident if i["identical"])}
-            if ident else None}
+            if ident else None, "ssd": ssd_stats(recs)}
+
+
+def ssd_stats(recs: Sequence[dict]) -> dict | None:
+    """Cache hit rate (overall and by outcome k) and mean waits over SSD requests."""
+    recs = [r for r in recs if r.get("cache_rounds")]
+    if not recs:
+        return None
+    rounds = sum(r["cache_rounds"] for r in recs)
+    by_k: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for r in recs:
+        for k, (h, n) in r["cache_hits_by_k"].items():
+            by_k[k][0] += h
+            by_k[k][1] += n
+    return {"rounds": rounds, "hit_rate": sum(r["cache_hits"] for r in recs) / rounds,
+            "hit_rate_by_k": {k: h / n for k, (h, n) in sorted(by_k.items(), key=lambda kv: int(kv[0])) if n},
+            "wait_ms_per_round": sum(r["speculator_wait_ms"] for r in recs) / rounds,
+            "busy_ms_per_round": sum(r["speculator_busy_ms"] for r in recs) / rounds}
+
+
+def render_ssd(rows: Sequence[dict]) -> list[str]:
+    """The SSD section of report.md (empty when no SSD row ran)."""
+    ssd = [r for r in rows if r.get("ssd")]
+    if not ssd:
+        return []
+    models = models_vary(rows)
+    body = [(r["category"], label(r, models), f"{r['temperature']:g}", f"{r['ssd']['hit_rate']:.2f}",
+             " ".join(f"k={k}:{v:.2f}" for k, v in r["ssd"]["hit_rate_by_k"].items()),
+             _f(r["mean_acceptance_length"]), f"{r['ssd']['wait_ms_per_round']:.1f}",
+             f"{r['ssd']['busy_ms_per_round']:.1f}") for r in ssd]
+    return ["", "## SSD speculation cache", "",
+            "hit rate: rounds whose block was pre-drafted while the target verified; by k: the same among "
+            "rounds answering an outcome with k accepted tokens; wait: the verifier's wait for a block; "
+            "busy: the speculator's pre-drafting time per round.", "",
+            _md_table(("category", "method", "T", "hit rate", "hit rate by k", "mean acc len", "wait ms/round",
+                       "busy ms/round"), body)]
 
 
 def group_rows(requests: Sequence[dict], overall: bool = True) -> list[dict]:
@@ -234,8 +269,9 @@ def divergences(requests: Sequence[dict]) -> list[dict]:
 
 def build_summary(run, config: dict) -> dict:
     """summary.json: rows, verdicts, identity, concurrency, load and warnings of a BenchRun."""
+    from .projection import project
     rows = group_rows(run.requests)
-    return {"config": config, "rows": rows, "verdicts": verdicts(rows),
+    return {"config": config, "rows": rows, "verdicts": verdicts(rows), "ssd_projection": project(run.requests),
             "identity_divergences": divergences(run.requests), "concurrency": run.concurrency,
             "load_before": list(run.load_before), "load_after": list(run.load_after),
             "warnings": list(run.warnings), "wall_s": run.ended - run.started,
@@ -320,8 +356,10 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
               for v in summary["verdicts"]]
     if summary.get("variants"):
         parts += render_variants(summary["variants"])
+    from .projection import render as render_projection
+    ssd_part = render_ssd(summary["rows"]) + render_projection(summary.get("ssd_projection", []))
     parts += ["", "## Results", "", "speedup = Σ AR wall / Σ method wall over the same prompts in this run; "
-              "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", _md_table(MAIN_HEADER, table_rows(summary)), "",
+              "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", _md_table(MAIN_HEADER, table_rows(summary)), *ssd_part, "",
               "## Distributions (ms)", ""]
     dist_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                   *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))

@@ -150,7 +150,25 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
             "verify_share": s.verify_ms / wall if wall > 0 else 0.0,
             "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
             "target": result.target, "draft": result.draft, "text": result.text,
-            "token_ids": result.token_ids}
+            "token_ids": result.token_ids, **ssd_counts(result.rounds)}
+
+
+def ssd_counts(rounds) -> dict:
+    """SSD rounds only: cache hits overall and by the outcome k they answered, and the
+    verifier's wait for blocks ({} when no round went through a speculator)."""
+    ssd = [r.info for r in rounds if r.info and "hit" in r.info]
+    if not ssd:
+        return {}
+    by_k: dict[str, list[int]] = {}
+    for info in ssd:
+        if "outcome_k" in info:
+            h_n = by_k.setdefault(str(info["outcome_k"]), [0, 0])
+            h_n[0] += bool(info["hit"])
+            h_n[1] += 1
+    return {"cache_rounds": len(ssd), "cache_hits": sum(bool(i["hit"]) for i in ssd), "cache_hits_by_k": by_k,
+            "speculator_wait_ms": sum(i.get("wait_ms", 0.0) for i in ssd),
+            "speculator_wait_hit_ms": sum(i.get("wait_ms", 0.0) for i in ssd if i["hit"]),
+            "speculator_busy_ms": sum(i.get("busy_ms", 0.0) for i in ssd)}
 
 
 def _params(cfg: BenchConfig, temperature: float, max_new: int, seed: int) -> SamplingParams:

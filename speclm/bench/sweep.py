@@ -125,7 +125,7 @@ class ProgressBars:
 
 def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path, *, n_ctx: int = 4096,
               threads: int | None = None, dataset: str | None = None, variant_quality: bool = False,
-              progress: bool = True) -> dict:
+              progress: bool = True, speculator=None) -> dict:
     """Run the sweep over plan's targets × drafts and write every output into out_dir
     (see write_outputs). Returns {"summary", "manifest", "report"}."""
     if variant_quality and n_ctx < compare.N_CTX:
@@ -165,11 +165,14 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
                 described[name] = describe_model(name, tb) or {}
                 entry = _model_entry(described[name], q)
                 llm = LLM(target=tb)  # wraps the loaded backends: loads nothing
-                d_llms = {d: (LLM(target=tb, draft=be), {"draft_name": d, "draft_sha256": e["sha256"]})
+                d_llms = {d: (LLM(target=tb, draft=be, speculator=speculator),
+                              {"draft_name": d, "draft_sha256": e["sha256"]})
                           for d, (be, e) in drafts.items()}
                 run = run_bench(llm, prompts, cfg, sink, bars.on_request, bars.on_concurrency,
                                 arms=make_arms(cfg, llm, d_llms), first_id=sum(len(r.requests) for r in runs),
                                 meta={"target_name": name, "target_sha256": entry["sha256"]})
+                for d_llm, _ in d_llms.values():
+                    d_llm.close_speculator()  # ssd: its process holds a draft copy; the next target starts anew
                 if len(plan.targets) > 1:
                     run.warnings = [f"{name}: {w}" for w in run.warnings]
                 runs.append(run)

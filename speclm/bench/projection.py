@@ -1,0 +1,95 @@
+"""SSD on its own hardware: a PROJECTION from costs measured in the same run.
+
+On one machine SSD must split the cores: the target verifies with fewer
+threads while the speculator drafts on the rest, so the measured SSD figure
+answers "SSD on this machine". The question "what if the speculator had its
+own hardware, equal to the target's?" is answered here, from measured parts:
+
+    round_ssd = v + o + h·w_hit + (1 − h)·K̄·d
+    tok/s_ssd = L_ssd / round_ssd
+
+v, o: the sd-draft rows' verify and other ms per round at the same K (the
+target on the full machine); d: their draft ms per token (what a miss costs:
+drafting synchronously); h, w_hit, K̄, L_ssd: the ssd rows' cache hit rate,
+wait for a block on a hit, mean block length and mean acceptance length.
+It assumes the speculator keeps the hit rate it had on its share of this
+machine, and that the verifier's wait on a hit is what it was here. Prefill
+is excluded on every side (decode tok/s = output tokens / (wall − prefill)).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from .report import _md_table, merge_counts
+
+
+def _decode_tok_s(recs: Sequence[dict]) -> float | None:
+    ms = sum(r["wall_ms"] - r.get("prefill_ms", 0.0) for r in recs)
+    return 1000.0 * sum(r["output_tokens"] for r in recs) / ms if ms > 0 else None
+
+
+def project(requests: Sequence[dict]) -> list[dict]:
+    """One row per category (and 'all') × target × T × K with both sd-draft and ssd requests."""
+    groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    cats = list(dict.fromkeys(r["category"] for r in requests))
+    for r in requests:
+        for cat in ([r["category"], "all"] if len(cats) > 1 else [r["category"]]):
+            key = (cat, r.get("target_name"), r.get("draft_name"), r["temperature"], r["max_new_tokens"])
+            k = r["k"] if r["method"] in ("sd-draft", "ssd") else None
+            groups[key][(r["method"], k)].append(r)
+    rows = []
+    for (cat, target, draft, temp, max_new), by in groups.items():
+        for (method, k), ssd in by.items():
+            sd = by.get(("sd-draft", k))
+            if method != "ssd" or not sd or not any(r.get("cache_rounds") for r in ssd):
+                continue
+            c_sd, c_ssd = merge_counts(sd), merge_counts(ssd)
+            v = sum(r["verify_ms"] for r in sd) / c_sd["rounds"]
+            o = sum(r["other_ms"] for r in sd) / c_sd["rounds"]
+            d = sum(r["draft_ms"] for r in sd) / max(1, c_sd["proposed"])
+            n = sum(r["cache_rounds"] for r in ssd)
+            hits = sum(r["cache_hits"] for r in ssd)
+            h = hits / n
+            w_hit = sum(r.get("speculator_wait_hit_ms", 0.0) for r in ssd) / hits if hits else 0.0
+            k_bar = c_ssd["proposed"] / c_ssd["rounds"]
+            length = c_ssd["emitted"] / c_ssd["rounds"]
+            round_ms = v + o + h * w_hit + (1 - h) * k_bar * d
+            projected = 1000.0 * length / round_ms
+            ar = _decode_tok_s(by.get(("ar", None), []))
+            sd_tok_s = _decode_tok_s(sd)
+            rows.append({"category": cat, "target_name": target, "draft_name": draft, "temperature": temp,
+                         "max_new_tokens": max_new, "k": k, "ar_decode_tok_s": ar, "sd_decode_tok_s": sd_tok_s,
+                         "ssd_decode_tok_s_measured": _decode_tok_s(ssd),
+                         "ssd_decode_tok_s_projected": projected,
+                         "projected_vs_sd": projected / sd_tok_s if sd_tok_s else None,
+                         "projected_vs_ar": projected / ar if ar else None,
+                         "inputs": {"verify_ms_per_round": v, "other_ms_per_round": o, "draft_ms_per_token": d,
+                                    "hit_rate": h, "wait_ms_on_hit": w_hit, "mean_block": k_bar,
+                                    "mean_acceptance_length_ssd": length,
+                                    "mean_acceptance_length_sd": c_sd["emitted"] / c_sd["rounds"]}})
+    return rows
+
+
+def render(rows: Sequence[dict]) -> list[str]:
+    """The report.md section (empty without ssd and sd-draft rows at a common K)."""
+    if not rows:
+        return []
+
+    def f(x, spec=".1f"):
+        return "-" if x is None else format(x, spec)
+
+    body = [(r["category"], str(r["k"]), f"{r['temperature']:g}", f(r["ar_decode_tok_s"]), f(r["sd_decode_tok_s"]),
+             f(r["ssd_decode_tok_s_measured"]), f(r["ssd_decode_tok_s_projected"]),
+             f(r["projected_vs_sd"], ".2f") + "×", f(r["projected_vs_ar"], ".2f") + "×",
+             f"v={r['inputs']['verify_ms_per_round']:.0f} d={r['inputs']['draft_ms_per_token']:.0f} "
+             f"h={r['inputs']['hit_rate']:.2f} w={r['inputs']['wait_ms_on_hit']:.0f} "
+             f"L={r['inputs']['mean_acceptance_length_ssd']:.2f}") for r in rows]
+    return ["", "## SSD with its own hardware — PROJECTION, not a measurement", "",
+            "Decode tok/s (prefill excluded). ar, sd-draft and ssd (this machine) are measured in this run; "
+            "the projected column assumes the speculator runs on separate hardware equal to the target's: "
+            "round = v + o + h·w + (1 − h)·K̄·d with v, o, d from sd-draft at the same K and h, w, K̄, L "
+            "from ssd (see speclm/bench/projection.py).", "",
+            _md_table(("category", "K", "T", "ar", "sd-draft", "ssd measured", "ssd PROJECTED", "proj/sd",
+                       "proj/ar", "inputs (ms)"), body)]
