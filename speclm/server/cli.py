@@ -17,6 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from ..api import LLM, METHODS as METHOD_CHOICES, SpecConfig
+from ..cli import add_ssd_options, speculator_config
 from .app import ServerConfig, create_app
 
 
@@ -49,6 +50,7 @@ def add_serve_parser(subparsers) -> None:
                    "(default: the target's name)")
     s.add_argument("--n-ctx", type=int, default=4096, help="context length per sequence")
     s.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    add_ssd_options(s)
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     s.set_defaults(func=cmd_serve)
 
@@ -66,11 +68,12 @@ def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
     """Load the models (and warm them up) and build the app; the caller closes the LLM."""
     from ..models.registry import DEFAULT_DRAFT
     draft = args.draft
-    if draft is None and args.target is None and args.method in (None, "sd-draft"):
+    if draft is None and args.target is None and args.method in (None, "sd-draft", "ssd"):
         draft = DEFAULT_DRAFT
-    spec = SpecConfig(method=args.method or ("sd-draft" if draft else "ar"), k=args.k)
+    spec = SpecConfig(method=args.method or ("sd-draft" if draft else "ar"), k=args.k, fanout=args.fanout,
+                      saguaro_c=args.saguaro_c, fallback=args.fallback, target_threads=args.target_threads)
     llm = LLM(target=args.target, draft=draft, n_ctx=args.n_ctx, n_threads=args.threads,
-              max_sequences=args.max_concurrency)
+              max_sequences=args.max_concurrency, speculator=speculator_config(args))
     try:
         config = ServerConfig(
             model_id=_model_id(args), max_tokens_limit=args.max_tokens_limit,

@@ -100,6 +100,8 @@ class SpeculativeOptions(BaseModel):
     k: int | None = None
     ngram_min: int | None = None
     ngram_max: int | None = None
+    fanout: int | None = None  # ssd
+    saguaro_c: float | None = None  # ssd
 
 
 class StreamOptions(BaseModel):
@@ -146,8 +148,8 @@ class _GenerationRequest(BaseModel):
     def spec(self, default: SpecConfig, has_draft: bool) -> SpecConfig:
         """`default` with the request's `speculative` overrides (SpecConfig validates)."""
         opts = self.speculative.model_dump(exclude_none=True) if self.speculative else {}
-        if opts.get("method") == "sd-draft" and not has_draft:
-            raise ParamError("method sd-draft needs a draft model: this server has none", "speculative")
+        if opts.get("method") in ("sd-draft", "ssd") and not has_draft:
+            raise ParamError(f"method {opts['method']} needs a draft model: this server has none", "speculative")
         return dataclasses.replace(default, **opts)
 
     def prompt_ids(self, llm: LLM) -> list[int]:
