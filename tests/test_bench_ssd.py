@@ -44,6 +44,8 @@ def test_projection_follows_its_formula_from_measured_parts():
     assert row["sd_decode_tok_s"] == pytest.approx(1000 * 45 / 1000)
     assert row["ssd_decode_tok_s_measured"] == pytest.approx(1000 * 45 / 800)
     assert row["projected_vs_ar"] == pytest.approx(row["ssd_decode_tok_s_projected"] / 20.0)
+    assert row["sd_decode_tok_s_modelled"] == pytest.approx(1000 * 4.5 / (50 + 10 + 4.0 * 10))
+    assert row["projected_vs_sd"] == pytest.approx(row["ssd_decode_tok_s_projected"] / row["sd_decode_tok_s_modelled"])
     text = "\n".join(render([row]))
     assert "PROJECTION, not a measurement" in text and "ssd PROJECTED" in text
     assert project([ar, sd]) == [] and render([]) == []

@@ -162,7 +162,7 @@ def print_main_table(summary: dict, console: Console | None = None) -> None:
         console.print(f"ssd K={r['k']} {escape(r['category'])} (T={r['temperature']:g}): cache hit rate "
                       f"{r['inputs']['hit_rate']:.2f}, measured {r['ssd_decode_tok_s_measured']:.1f} decode tok/s here; "
                       f"[bold]PROJECTION[/] with its own equal hardware {r['ssd_decode_tok_s_projected']:.1f} tok/s "
-                      f"= {r['projected_vs_sd']:.2f}× sd-draft K={r['k']} (not measured; see report.md)")
+                      f"= {r['projected_vs_sd']:.2f}× sd-draft K={r['k']} modelled alike (not measured; see report.md)")
     for w in summary["warnings"]:
         console.print(f"[bold red]WARNING:[/] {escape(w)}")
 

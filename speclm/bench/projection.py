@@ -5,12 +5,16 @@ threads while the speculator drafts on the rest, so the measured SSD figure
 answers "SSD on this machine". The question "what if the speculator had its
 own hardware, equal to the target's?" is answered here, from measured parts:
 
-    round_ssd = v + o + h·w_hit + (1 − h)·K̄·d
-    tok/s_ssd = L_ssd / round_ssd
+    round_ssd = v + o + h·w_hit + (1 − h)·K̄·d      tok/s_ssd = L_ssd / round_ssd
+    round_sd  = v + o + K̄_sd·d                     tok/s_sd  = L_sd / round_sd
+
+SD is serial, so its own hardware for the draft changes nothing; it is modelled
+from the same parts so the ratio compares like with like (the measured sd-draft
+decode rate also pays the draft's prompt prefill in its first round).
 
 v, o: the sd-draft rows' verify and other ms per round at the same K (the
-target on the full machine); d: their draft ms per token (what a miss costs:
-drafting synchronously); h, w_hit, K̄, L_ssd: the ssd rows' cache hit rate,
+target on the full machine); d: their draft ms per token after the first round
+(whose drafting includes the draft's prompt prefill), what a miss costs; h, w_hit, K̄, L_ssd: the ssd rows' cache hit rate,
 wait for a block on a hit, mean block length and mean acceptance length.
 It assumes the speculator keeps the hit rate it had on its share of this
 machine, and that the verifier's wait on a hit is what it was here. Prefill
@@ -36,19 +40,19 @@ def project(requests: Sequence[dict]) -> list[dict]:
     cats = list(dict.fromkeys(r["category"] for r in requests))
     for r in requests:
         for cat in ([r["category"], "all"] if len(cats) > 1 else [r["category"]]):
-            key = (cat, r.get("target_name"), r.get("draft_name"), r["temperature"], r["max_new_tokens"])
-            k = r["k"] if r["method"] in ("sd-draft", "ssd") else None
-            groups[key][(r["method"], k)].append(r)
+            key = (cat, r.get("target_name"), r["temperature"], r["max_new_tokens"])
+            groups[key][(r["method"], r["k"], r.get("draft_name"))].append(r)
     rows = []
-    for (cat, target, draft, temp, max_new), by in groups.items():
-        for (method, k), ssd in by.items():
-            sd = by.get(("sd-draft", k))
+    for (cat, target, temp, max_new), by in groups.items():
+        for (method, k, draft), ssd in by.items():
+            sd = by.get(("sd-draft", k, draft))
             if method != "ssd" or not sd or not any(r.get("cache_rounds") for r in ssd):
                 continue
             c_sd, c_ssd = merge_counts(sd), merge_counts(ssd)
             v = sum(r["verify_ms"] for r in sd) / c_sd["rounds"]
             o = sum(r["other_ms"] for r in sd) / c_sd["rounds"]
-            d = sum(r["draft_ms"] for r in sd) / max(1, c_sd["proposed"])
+            d = (sum(r["draft_ms"] - r.get("first_round_draft_ms", 0.0) for r in sd)
+                 / max(1, c_sd["proposed"] - sum(r.get("first_round_proposed", 0) for r in sd)))
             n = sum(r["cache_rounds"] for r in ssd)
             hits = sum(r["cache_hits"] for r in ssd)
             h = hits / n
@@ -57,13 +61,14 @@ def project(requests: Sequence[dict]) -> list[dict]:
             length = c_ssd["emitted"] / c_ssd["rounds"]
             round_ms = v + o + h * w_hit + (1 - h) * k_bar * d
             projected = 1000.0 * length / round_ms
-            ar = _decode_tok_s(by.get(("ar", None), []))
+            sd_model = 1000.0 * (c_sd["emitted"] / c_sd["rounds"]) / (v + o + c_sd["proposed"] / c_sd["rounds"] * d)
+            ar = _decode_tok_s(next((recs for (m, _, _), recs in by.items() if m == "ar"), []))
             sd_tok_s = _decode_tok_s(sd)
             rows.append({"category": cat, "target_name": target, "draft_name": draft, "temperature": temp,
                          "max_new_tokens": max_new, "k": k, "ar_decode_tok_s": ar, "sd_decode_tok_s": sd_tok_s,
                          "ssd_decode_tok_s_measured": _decode_tok_s(ssd),
-                         "ssd_decode_tok_s_projected": projected,
-                         "projected_vs_sd": projected / sd_tok_s if sd_tok_s else None,
+                         "ssd_decode_tok_s_projected": projected, "sd_decode_tok_s_modelled": sd_model,
+                         "projected_vs_sd": projected / sd_model,
                          "projected_vs_ar": projected / ar if ar else None,
                          "inputs": {"verify_ms_per_round": v, "other_ms_per_round": o, "draft_ms_per_token": d,
                                     "hit_rate": h, "wait_ms_on_hit": w_hit, "mean_block": k_bar,
@@ -81,15 +86,15 @@ def render(rows: Sequence[dict]) -> list[str]:
         return "-" if x is None else format(x, spec)
 
     body = [(r["category"], str(r["k"]), f"{r['temperature']:g}", f(r["ar_decode_tok_s"]), f(r["sd_decode_tok_s"]),
-             f(r["ssd_decode_tok_s_measured"]), f(r["ssd_decode_tok_s_projected"]),
+             f(r["ssd_decode_tok_s_measured"]), f(r["sd_decode_tok_s_modelled"]), f(r["ssd_decode_tok_s_projected"]),
              f(r["projected_vs_sd"], ".2f") + "×", f(r["projected_vs_ar"], ".2f") + "×",
              f"v={r['inputs']['verify_ms_per_round']:.0f} d={r['inputs']['draft_ms_per_token']:.0f} "
              f"h={r['inputs']['hit_rate']:.2f} w={r['inputs']['wait_ms_on_hit']:.0f} "
              f"L={r['inputs']['mean_acceptance_length_ssd']:.2f}") for r in rows]
     return ["", "## SSD with its own hardware — PROJECTION, not a measurement", "",
             "Decode tok/s (prefill excluded). ar, sd-draft and ssd (this machine) are measured in this run; "
-            "the projected column assumes the speculator runs on separate hardware equal to the target's: "
-            "round = v + o + h·w + (1 − h)·K̄·d with v, o, d from sd-draft at the same K and h, w, K̄, L "
-            "from ssd (see speclm/bench/projection.py).", "",
-            _md_table(("category", "K", "T", "ar", "sd-draft", "ssd measured", "ssd PROJECTED", "proj/sd",
+            "the last columns assume the speculator runs on separate hardware equal to the target's: "
+            "ssd round = v + o + h·w + (1 − h)·K̄·d, sd round = v + o + K̄·d, with v, o, d from sd-draft at the "
+            "same K and h, w, K̄, L from ssd; proj/sd compares the two (see speclm/bench/projection.py).", "",
+            _md_table(("category", "K", "T", "ar", "sd-draft", "ssd here", "sd MODELLED", "ssd PROJECTED", "proj/sd",
                        "proj/ar", "inputs (ms)"), body)]

@@ -146,6 +146,9 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
             "accepted_progress_per_ms": s.accepted_progress_per_ms, **counts, **acc,
             "prefill_ms": s.prefill_ms, "draft_ms": s.draft_ms, "verify_ms": s.verify_ms,
             "other_ms": s.other_ms,
+            # the first round's drafting includes the draft model's own prompt prefill
+            "first_round_draft_ms": result.rounds[0].draft_ms if result.rounds else 0.0,
+            "first_round_proposed": result.rounds[0].proposed if result.rounds else 0,
             "draft_share": s.draft_ms / wall if wall > 0 else 0.0,
             "verify_share": s.verify_ms / wall if wall > 0 else 0.0,
             "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],

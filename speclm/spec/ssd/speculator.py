@@ -103,21 +103,27 @@ class SpeculatorSession:
         self.depth = 0  # draft forwards run for the current branches
         self.busy_ms = 0.0
         self.t_work_done: float | None = None
+        self.t_reply: float | None = None  # when the current block was handed over
+        self.cycle_ms: float | None = None  # EWMA: block handed over -> its outcome arrives
+        self.step_ms: float | None = None  # EWMA: one draft forward
 
     # ---- the verifier's calls --------------------------------------------
     def start(self) -> Block:
-        return self._fallback(self.ctx, neural=True)
+        return self._handed(self._fallback(self.ctx, neural=True))
 
     def sync(self, context: list[int]) -> Block:
         """Resynchronise to an arbitrary context (the verifier skipped a block)."""
         self._drop_branches()
-        return self._fallback(list(context), neural=True)
+        return self._handed(self._fallback(list(context), neural=True))
 
     def resolve(self, k: int, t: int) -> Block:
         """Outcome of verifying the current block → the next block."""
         if not 0 <= k <= len(self.block):
             return self.sync(self.ctx + self.block[:k] + [t])  # a malformed outcome: be safe
         self.alpha.observe(self.block_from_hit, k, len(self.block))
+        if self.t_reply is not None:
+            c = (time.perf_counter() - self.t_reply) * 1000
+            self.cycle_ms = c if self.cycle_ms is None else 0.7 * self.cycle_ms + 0.3 * c
         idle_ms = (time.perf_counter() - self.t_work_done) * 1000 if self.t_work_done else 0.0
         info = {"outcome_k": k, "fanout": len(self.branches), "forwards": self.depth,
                 "busy_ms": self.busy_ms, "idle_ms": idle_ms}
@@ -135,6 +141,10 @@ class SpeculatorSession:
             self._drop_branches()
             block = self._fallback(new_ctx)
             block.info.update(info)
+        return self._handed(block)
+
+    def _handed(self, block: Block) -> Block:
+        self.t_reply = time.perf_counter()
         return block
 
     def close(self) -> None:
@@ -155,13 +165,26 @@ class SpeculatorSession:
         elif self.stage == "plan":
             self._plan()
             self.stage = "draft" if self.branches else "done"
-        elif not self._draft_step():
+        elif self._out_of_time() or not self._draft_step():
             self.stage = "done"
+        else:
+            ms = (time.perf_counter() - t0) * 1000
+            self.step_ms = ms if self.step_ms is None else 0.7 * self.step_ms + 0.3 * ms
         t1 = time.perf_counter()
         self.busy_ms += (t1 - t0) * 1000
         if self.stage == "done":
             self.t_work_done = t1
         return self.stage != "done"
+
+    def _out_of_time(self) -> bool:
+        """True once the most likely branch is complete and another draft forward
+        would likely still be running when the outcome arrives (the verifier
+        would wait for it): the cache stops growing there."""
+        if self.cycle_ms is None or self.step_ms is None or self.t_reply is None:
+            return False
+        if not any(len(b.tokens) >= self.opts.k for b in self.branches.values()):
+            return False
+        return (time.perf_counter() - self.t_reply) * 1000 + self.step_ms > self.cycle_ms
 
     def _glue(self) -> None:
         """Feed the block's unfed tail so logits are known after every block prefix."""
