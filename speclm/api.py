@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -165,8 +166,8 @@ class LLM:
         with self._draft_lock:
             if self._speculator is None:
                 draft = self._load_draft()  # checks the tokenizers; also the fallback if the speculator dies
-                self._speculator = SpeculatorProcess(model_spec(self._draft_spec, draft),
-                                                     self._speculator_cfg or SpeculatorConfig())
+                cfg = dataclasses.replace(self._speculator_cfg or SpeculatorConfig(), n_ctx=self._n_ctx)
+                self._speculator = SpeculatorProcess(model_spec(self._draft_spec, draft), cfg)
             return self._speculator
 
     def target_threads(self, spec: SpecConfig) -> int | None:
@@ -235,9 +236,11 @@ class LLM:
                  on_text: Callable[[str], None] | None = None) -> GenerationResult:
         """Generate a continuation of prompt (text or token ids).
 
-        spec None: sd-draft when the LLM has a draft model, else plain decoding."""
+        spec None: method auto (over the draft model if the LLM has one, else
+        prompt lookup), which falls back to plain decoding when speculation
+        does not pay."""
         params = params or SamplingParams()
-        spec = spec or SpecConfig(method="sd-draft" if self._draft_spec is not None else "ar")
+        spec = spec or SpecConfig(method="auto")
         gen = self.start(self.encode(prompt, chat), params, spec, on_text)
         return gen.run()
 

@@ -55,7 +55,9 @@ def _add_generate(sub) -> None:
                    "(default: qwen2.5-coder-1.5b)")
     g.add_argument("--draft", default=None, help="draft model for sd-draft: name or GGUF path "
                    "(default: qwen2.5-coder-0.5b when the target is the default)")
-    g.add_argument("--method", choices=METHOD_CHOICES, default="sd-draft")
+    g.add_argument("--method", choices=METHOD_CHOICES, default="auto",
+                   help="default auto: K chosen every round from measured costs, plain decoding when "
+                        "speculation does not pay (never measurably slower than ar in `speclm bench`)")
     g.add_argument("--k", type=int, default=4,
                    help="draft tokens per round (default 4; for auto/heuristic the maximum)")
     g.add_argument("--proposer", choices=("draft", "ngram"), default=None,

@@ -470,9 +470,9 @@ def test_sd_draft_without_a_draft(llm):
     assert llm.target.live_sequences == 0
 
 
-def test_default_spec_without_a_draft_is_plain_decoding(llm):
-    out = llm.generate("def f():", TINY)  # no spec, no draft: AR rather than an error
-    assert out.method == "ar" and len(out.token_ids) == 2
+def test_default_spec_without_a_draft_needs_no_draft(llm):
+    out = llm.generate("def f():", TINY)  # no spec, no draft: auto over prompt lookup, not an error
+    assert out.method == "auto" and out.draft.startswith("ngram") and len(out.token_ids) == 2
 
 
 def test_no_draft_needed_for_other_methods(llm):

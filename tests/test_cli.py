@@ -176,7 +176,7 @@ def test_missing_gguf_path(capfd, tmp_path):
 
 
 def test_sd_draft_without_draft(capfd):
-    code, out, err = run(["generate", PROMPT, *FAST], capfd)  # default method sd-draft
+    code, out, err = run(["generate", PROMPT, *FAST, "--method", "sd-draft"], capfd)
     assert_one_line_error(code, out, err, "sd-draft needs a draft model", "--draft")
 
 
