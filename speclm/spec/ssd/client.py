@@ -230,6 +230,7 @@ class InlineChannel:
             self.close()
             self.session = SpeculatorSession(self.backend, header["context"], params_from(header["params"]),
                                              opts_from(header["opts"]), header.get("seed"))
+            self.session.deadline = self.predraft is not None
             return self.session.start()
         n = 0
         while (self.predraft is None or n < self.predraft) and self.session.work():
