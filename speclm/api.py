@@ -48,7 +48,9 @@ class SpecConfig:
     LLM has a draft model, else ngram). p_min: the draft model stops drafting
     when its top-1 probability falls below it (0 = never).
     SSD: fanout (pre-drafted branches per round), saguaro_c (Saguaro sampling,
-    1 = off), fallback on a cache miss ("auto", "neural", "cheap").
+    1 = off), fallback on a cache miss ("auto": cheap once cheap_at_sessions
+    requests share the speculator, else neural), ssd_width (branches per
+    draft forward: 1 = most likely first, fanout = all in lockstep).
     target_threads: the target's compute threads for this request (None: the
     LLM's; for ssd with a local speculator: the LLM's minus the speculator's).
     """
@@ -63,6 +65,8 @@ class SpecConfig:
     saguaro_c: float = 1.0
     fallback: str = "auto"
     target_threads: int | None = None
+    ssd_width: int = 1
+    cheap_at_sessions: int = 4
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -81,6 +85,10 @@ class SpecConfig:
             raise InvalidRequestError(f"saguaro_c must be in (0, 1] (--saguaro-c), got {self.saguaro_c!r}")
         if self.fallback not in FALLBACKS:
             raise InvalidRequestError(f"fallback must be one of {', '.join(FALLBACKS)}, got {self.fallback!r}")
+        if not is_int(self.ssd_width) or not 1 <= self.ssd_width <= 64:
+            raise InvalidRequestError(f"ssd_width must be an integer in [1, 64] (--ssd-width), got {self.ssd_width!r}")
+        if not is_int(self.cheap_at_sessions) or self.cheap_at_sessions < 1:
+            raise InvalidRequestError(f"cheap_at_sessions must be an integer >= 1, got {self.cheap_at_sessions!r}")
         if self.target_threads is not None and (not is_int(self.target_threads) or self.target_threads < 1):
             raise InvalidRequestError(f"target_threads must be an integer >= 1, got {self.target_threads!r}")
 
@@ -184,7 +192,8 @@ class LLM:
     def proposer(self, spec: SpecConfig) -> Proposer | None:
         if spec.method == "ssd":
             from .spec.ssd.client import SSDProposer
-            opts = SSDOptions(k=spec.k, fanout=spec.fanout, saguaro_c=spec.saguaro_c, fallback=spec.fallback)
+            opts = SSDOptions(k=spec.k, fanout=spec.fanout, saguaro_c=spec.saguaro_c, fallback=spec.fallback,
+                              width=spec.ssd_width, cheap_at_sessions=spec.cheap_at_sessions)
             return SSDProposer(self.speculator().open, opts, fallback=lambda: DraftModelProposer(self.draft),
                                name=f"ssd:{self.draft.name}")
         kind = self.proposer_kind(spec)

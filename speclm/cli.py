@@ -23,6 +23,11 @@ def add_ssd_options(p: argparse.ArgumentParser) -> None:
                    help="Saguaro sampling: scale the draft's top-3 mass by C in (0, 1] (default 1 = off)")
     s.add_argument("--fallback", choices=("auto", "neural", "cheap"), default="auto",
                    help="on a cache miss: draft now (neural), n-gram (cheap), or by load (auto)")
+    s.add_argument("--ssd-width", type=int, default=1,
+                   help="branches advanced per draft forward: 1 = most likely first (default), "
+                        "= --fanout: all branches in lockstep, one batch")
+    s.add_argument("--cheap-at-sessions", type=int, default=4,
+                   help="--fallback auto: n-gram fallback once this many requests share the speculator (default 4)")
     s.add_argument("--speculator-threads", type=int, default=1, help="draft threads in the speculator (default 1)")
     s.add_argument("--speculator-cores", default=None, help="pin the speculator to these cores, e.g. 1 or 2,3")
     s.add_argument("--speculator-addr", default=None,
@@ -114,7 +119,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             stop=tuple(args.stop))
     spec = SpecConfig(method=args.method, k=args.k, ngram_min=args.ngram_min, ngram_max=args.ngram_max,
                       proposer=args.proposer, p_min=args.p_min, fanout=args.fanout, saguaro_c=args.saguaro_c,
-                      fallback=args.fallback, target_threads=args.target_threads)
+                      fallback=args.fallback, target_threads=args.target_threads, ssd_width=args.ssd_width,
+                      cheap_at_sessions=args.cheap_at_sessions)
     wants_draft = args.method in ("sd-draft", "ssd") or (args.method in ("auto", "heuristic") and args.proposer != "ngram")
     draft = args.draft if wants_draft else None
     if wants_draft and draft is None and args.target is None:

@@ -135,12 +135,12 @@ def _hit_counts(c: float, n: int = 1500) -> dict:
     return seen
 
 
-@pytest.mark.parametrize("predraft", [None, 0, 3])
-def test_ssd_greedy_equals_plain_decoding_token_for_token(predraft):
+@pytest.mark.parametrize("predraft,width", [(None, 1), (None, 3), (0, 1), (3, 1)])
+def test_ssd_greedy_equals_plain_decoding_token_for_token(predraft, width):
     target = make_target()
     for draft in (make_unlike_draft(), make_target()):
         ar = loop.generate(target, None, PROMPT, SamplingParams(max_new_tokens=30), 0)
-        prop = ssd_proposer(draft, predraft, fanout=3)
+        prop = ssd_proposer(draft, predraft, fanout=3, width=width)
         ssd = loop.generate(target, prop, PROMPT, SamplingParams(max_new_tokens=30), K)
         prop.close()
         assert ssd.token_ids == ar.token_ids
@@ -153,6 +153,8 @@ def test_ssd_options_are_validated():
         SpecConfig(method="ssd", fanout=-1)
     with pytest.raises(InvalidRequestError, match="fallback"):
         SpecConfig(method="ssd", fallback="maybe")
+    with pytest.raises(InvalidRequestError, match="ssd_width"):
+        SpecConfig(method="ssd", ssd_width=0)
 
 
 # ---- the real speculator process ---------------------------------------------------

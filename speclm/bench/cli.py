@@ -180,7 +180,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         err.print(f"[bold red]WARNING:[/] {escape(warning)}")
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     register_method("ssd", lambda k: SpecConfig(method="ssd", k=k, fanout=args.fanout, saguaro_c=args.saguaro_c,
-                                                fallback=args.fallback, target_threads=args.target_threads),
+                                                fallback=args.fallback, target_threads=args.target_threads,
+                                                ssd_width=args.ssd_width, cheap_at_sessions=args.cheap_at_sessions),
                     needs_draft=True, description=METHODS["ssd"].description)
     out = run_sweep(plan, prompts, cfg, out_dir, n_ctx=args.n_ctx, threads=args.threads, dataset=args.dataset,
                     variant_quality=args.variant_quality, progress=True, speculator=speculator_config(args))

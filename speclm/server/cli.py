@@ -71,7 +71,8 @@ def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
     if draft is None and args.target is None and args.method in (None, "sd-draft", "ssd"):
         draft = DEFAULT_DRAFT
     spec = SpecConfig(method=args.method or ("sd-draft" if draft else "ar"), k=args.k, fanout=args.fanout,
-                      saguaro_c=args.saguaro_c, fallback=args.fallback, target_threads=args.target_threads)
+                      saguaro_c=args.saguaro_c, fallback=args.fallback, target_threads=args.target_threads,
+                      ssd_width=args.ssd_width, cheap_at_sessions=args.cheap_at_sessions)
     llm = LLM(target=args.target, draft=draft, n_ctx=args.n_ctx, n_threads=args.threads,
               max_sequences=args.max_concurrency, speculator=speculator_config(args))
     try:
