@@ -142,6 +142,7 @@ class SpeculatorProcess:
 
     def close(self) -> None:
         """Shut the worker down (ask, then terminate, then kill); idempotent."""
+        atexit.unregister(self.close)
         if self.proc is not None and self.proc.poll() is None:
             sock = self._socket()
             try:
