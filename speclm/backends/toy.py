@@ -38,16 +38,16 @@ class ToyBackend(Backend):
         self.name = name or f"toy(v={vocab_size},seed={seed},order={order})"
         self._seqs: dict[int, list[int]] = {}
         self._next_id = 0
+        self._memo: dict[tuple[int, ...], np.ndarray] = {}  # logits per context key (pure function)
         self.forward_calls = 0  # how many block forwards ran (for tests)
 
     # ---- the model -----------------------------------------------------
     def logits_for(self, context: list[int] | tuple[int, ...]) -> np.ndarray:
         """Exact next-token logits after `context` (float32)."""
         key = tuple(context[-self.order:]) if self.order else ()
-        memo = self.__dict__.setdefault("_memo", {})
-        if key not in memo:
-            memo[key] = self._logits(key)
-        return memo[key].copy()
+        if key not in self._memo:
+            self._memo[key] = self._logits(key)
+        return self._memo[key].copy()
 
     def _logits(self, key: tuple[int, ...]) -> np.ndarray:
         digest = hashlib.blake2b(repr((self.seed, key)).encode(), digest_size=8).digest()

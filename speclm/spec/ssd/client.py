@@ -33,7 +33,7 @@ from ...errors import BackendError
 from ...sampling import SamplingParams
 from ..proposers.base import Draft, Proposer
 from .speculator import Block, SpeculatorSession, SSDOptions
-from .wire import block_from, decode, encode, params_to_dict
+from .wire import block_from, decode, encode, params_to_dict, session_from_start
 
 log = logging.getLogger("speclm.ssd")
 
@@ -227,10 +227,8 @@ class InlineChannel:
     def request(self, header: dict) -> Block:
         op = header["op"]
         if op == "start":
-            from .wire import opts_from, params_from
             self.close()
-            self.session = SpeculatorSession(self.backend, header["context"], params_from(header["params"]),
-                                             opts_from(header["opts"]), header.get("seed"))
+            self.session = session_from_start(self.backend, header)
             self.session.deadline = self.predraft is not None
             return self.session.start()
         n = 0
@@ -285,7 +283,7 @@ class SSDProposer(Proposer):
             else:
                 self._ctx_len, self._block = len(context), list(block.tokens)
                 self._info = {"hit": block.hit, **block.info, "wait_ms": (time.perf_counter() - t0) * 1000}
-                return Draft(block.tokens[:k], block.q[:k])
+                return Draft(block.tokens, block.q)  # draft() keeps the first k
         self._info = {"hit": False, "fallback": "sync"}
         return self.sync_proposer.propose(context, k, params, rng)
 

@@ -217,7 +217,6 @@ class SpeculatorSession:
                 seq = self.backend.fork(self.main)
                 self.backend.rollback(seq, base + k)
                 self.branches[(k, t)] = _Branch(k, t, seq, p_k[k] * q[t] / max(rest, 1e-12))
-        self.depth = 0
 
     def _draft_step(self) -> bool:
         """One draft forward for the `width` most likely unfinished branches (one

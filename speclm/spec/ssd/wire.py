@@ -20,7 +20,7 @@ from dataclasses import asdict
 import numpy as np
 
 from ...sampling import SamplingParams
-from .speculator import Block, SSDOptions
+from .speculator import Block, SpeculatorSession, SSDOptions
 
 
 def encode(header: dict, arrays: list[np.ndarray] = ()) -> list[bytes]:
@@ -57,3 +57,9 @@ def params_from(d: dict) -> SamplingParams:
 
 def opts_from(d: dict) -> SSDOptions:
     return SSDOptions(**d)
+
+
+def session_from_start(backend, header: dict, live_sessions=lambda: 1) -> SpeculatorSession:
+    """The speculator session a "start" request asks for."""
+    return SpeculatorSession(backend, header["context"], params_from(header["params"]), opts_from(header["opts"]),
+                             header.get("seed"), live_sessions=live_sessions)

@@ -23,7 +23,7 @@ import zmq
 
 from ...backends.base import Backend
 from .speculator import SpeculatorSession
-from .wire import block_frames, decode, encode, opts_from, params_from
+from .wire import block_frames, decode, encode, session_from_start
 
 TOY_PREFIX = "toy:"
 
@@ -71,9 +71,7 @@ class Worker:
                                "vocab_size": self.backend.vocab_size})
             if op == "start":
                 self._close(header["sid"])
-                s = SpeculatorSession(self.backend, header["context"], params_from(header["params"]),
-                                      opts_from(header["opts"]), header.get("seed"),
-                                      live_sessions=lambda: len(self.sessions))
+                s = session_from_start(self.backend, header, live_sessions=lambda: len(self.sessions))
                 self.sessions[header["sid"]] = s
                 return block_frames(s.start())
             if op == "outcome":
