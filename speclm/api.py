@@ -20,12 +20,12 @@ from .backends.base import Backend
 from .errors import InvalidRequestError, TokenizerMismatchError
 from .metrics import GenerationResult
 from .sampling import SamplingParams, is_int
-from .spec.controller import CostModel, GoodputController, HeuristicController, calibrate
-from .spec.loop import Generation
-from .spec.proposers.base import Proposer
-from .spec.proposers.draft_model import DraftModelProposer
-from .spec.proposers.ngram import NgramProposer, check_ngram_sizes
-from .spec.ssd.speculator import FALLBACKS, SSDOptions
+from .speculative.controller import CostModel, GoodputController, HeuristicController, calibrate
+from .speculative.loop import Generation
+from .speculative.proposers.base import Proposer
+from .speculative.proposers.draft_model import DraftModelProposer
+from .speculative.proposers.ngram import NgramProposer, check_ngram_sizes
+from .speculative.ssd.speculator import FALLBACKS, SSDOptions
 
 METHODS = ("ar", "sd-draft", "sd-ngram", "auto", "heuristic", "ssd")
 ADAPTIVE = ("auto", "heuristic")
@@ -169,8 +169,8 @@ class LLM:
 
     def speculator(self):
         """The SSD speculator process (spawned, or connected, on first use)."""
-        from .spec.ssd.client import SpeculatorConfig, SpeculatorProcess
-        from .spec.ssd.worker import model_spec
+        from .speculative.ssd.client import SpeculatorConfig, SpeculatorProcess
+        from .speculative.ssd.worker import model_spec
         with self._draft_lock:
             if self._speculator is None:
                 draft = self._load_draft()  # checks the tokenizers; also the fallback if the speculator dies
@@ -191,7 +191,7 @@ class LLM:
 
     def proposer(self, spec: SpecConfig) -> Proposer | None:
         if spec.method == "ssd":
-            from .spec.ssd.client import SSDProposer
+            from .speculative.ssd.client import SSDProposer
             opts = SSDOptions(k=spec.k, fanout=spec.fanout, saguaro_c=spec.saguaro_c, fallback=spec.fallback,
                               width=spec.ssd_width, cheap_at_sessions=spec.cheap_at_sessions)
             return SSDProposer(self.speculator().open, opts, fallback=lambda: DraftModelProposer(self.draft),

@@ -40,7 +40,7 @@ def add_ssd_options(p: argparse.ArgumentParser) -> None:
 
 def speculator_config(args: argparse.Namespace):
     from .errors import InvalidRequestError
-    from .spec.ssd.client import SpeculatorConfig
+    from .speculative.ssd.client import SpeculatorConfig
     try:
         cores = tuple(int(c) for c in args.speculator_cores.split(",")) if args.speculator_cores else None
     except ValueError:
@@ -111,7 +111,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .api import LLM, SpecConfig
     from .report import print_stats
     from .sampling import SamplingParams
-    from .spec.identity import compare_greedy
+    from .speculative.identity import compare_greedy
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -160,7 +160,7 @@ def _stdout_stream(text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["speculator"]:
-        from .spec.ssd.worker import main as speculator_main
+        from .speculative.ssd.worker import main as speculator_main
         return speculator_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

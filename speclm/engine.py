@@ -24,7 +24,7 @@ from .api import LLM, SpecConfig
 from .errors import InvalidRequestError, SpeclmError
 from .metrics import GenerationResult
 from .sampling import SamplingParams
-from .spec.loop import Generation  # noqa: F401  (the type the scheduler steps)
+from .speculative.loop import Generation  # noqa: F401  (the type the scheduler steps)
 
 class EngineFullError(SpeclmError):
     """Too many requests queued: retry later (HTTP 429)."""

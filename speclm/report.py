@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .metrics import GenerationResult
-from .spec.identity import IdentityReport
+from .speculative.identity import IdentityReport
 
 
 def _fmt(value, spec: str = ".2f", missing: str = "-") -> str:

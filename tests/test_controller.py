@@ -11,7 +11,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.metrics import RoundRecord
-from speclm.spec.controller import CostModel, GoodputController, HeuristicController, expected_emitted
+from speclm.speculative.controller import CostModel, GoodputController, HeuristicController, expected_emitted
 
 # Costs measured on this machine for the Qwen 1.5B target (ms to score b tokens).
 QWEN_VERIFY = {1: 32.0, 2: 57.0, 3: 76.0, 4: 95.0, 5: 123.0, 6: 150.0, 7: 180.0, 8: 219.0, 9: 234.0}

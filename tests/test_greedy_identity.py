@@ -18,10 +18,10 @@ import pytest
 
 from speclm import SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
-from speclm.spec import loop
-from speclm.spec.identity import batch_noise, compare_greedy
-from speclm.spec.proposers.draft_model import DraftModelProposer
-from speclm.spec.proposers.ngram import NgramProposer
+from speclm.speculative import loop
+from speclm.speculative.identity import batch_noise, compare_greedy
+from speclm.speculative.proposers.draft_model import DraftModelProposer
+from speclm.speculative.proposers.ngram import NgramProposer
 
 CODE_PROMPTS = [
     "def fibonacci(n):",

@@ -13,9 +13,9 @@ import pytest
 
 from speclm.backends.toy import ToyBackend
 from speclm.sampling import SamplingParams, sample
-from speclm.spec import loop
-from speclm.spec.proposers.draft_model import DraftModelProposer
-from speclm.spec.proposers.ngram import NgramProposer
+from speclm.speculative import loop
+from speclm.speculative.proposers.draft_model import DraftModelProposer
+from speclm.speculative.proposers.ngram import NgramProposer
 
 from .stats import empirical_check, exact_distribution, support_size, total_variation, tv_bound
 
@@ -129,7 +129,7 @@ def test_a_broken_acceptance_rule_fails_the_same_check(monkeypatch):
 def test_adaptive_k_keeps_the_target_distribution():
     """K chosen each round from past acceptance (method auto) is still lossless:
     the choice depends only on the past, never on the token being verified."""
-    from speclm.spec.controller import CostModel, GoodputController
+    from speclm.speculative.controller import CostModel, GoodputController
 
     params_kw = SETTINGS["t1.0"]
     exact = exact_distribution(make_target(), PROMPT, SamplingParams(**params_kw), N_TOKENS)

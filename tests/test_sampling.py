@@ -8,8 +8,8 @@ import pytest
 
 from speclm.backends.toy import ToyBackend
 from speclm.sampling import SamplingParams, sample, target_probs
-from speclm.spec import loop
-from speclm.spec.proposers.ngram import NgramProposer, find_continuation
+from speclm.speculative import loop
+from speclm.speculative.proposers.ngram import NgramProposer, find_continuation
 
 
 def reference(logits, t, top_k=0, top_p=1.0, min_p=0.0):

@@ -24,11 +24,11 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.errors import BackendError, InvalidRequestError
-from speclm.spec import loop
-from speclm.spec.proposers.draft_model import DraftModelProposer
-from speclm.spec.ssd.client import InlineChannel, SpeculatorConfig, SSDProposer
-from speclm.spec.ssd.fanout import allocate_fanout, candidates, outcome_probs, saguaro
-from speclm.spec.ssd.speculator import SSDOptions
+from speclm.speculative import loop
+from speclm.speculative.proposers.draft_model import DraftModelProposer
+from speclm.speculative.ssd.client import InlineChannel, SpeculatorConfig, SSDProposer
+from speclm.speculative.ssd.fanout import allocate_fanout, candidates, outcome_probs, saguaro
+from speclm.speculative.ssd.speculator import SSDOptions
 
 from .stats import empirical_check, exact_distribution
 
@@ -268,7 +268,7 @@ def test_a_verifier_given_the_unscaled_q_fails_the_same_check(monkeypatch):
     """The check has power on what SSD adds: drafting from Saguaro's q' but
     verifying against the draft's plain q is caught by the same bound."""
     from speclm.sampling import sample, target_probs
-    from speclm.spec.ssd import speculator as spec_mod
+    from speclm.speculative.ssd import speculator as spec_mod
 
     def draw_from_q_prime_send_q(self, logits):
         q = target_probs(logits, self.params)

@@ -7,8 +7,8 @@ import pytest
 
 from speclm.backends.toy import ToyBackend
 from speclm.sampling import SamplingParams
-from speclm.spec import loop
-from speclm.spec.proposers.ngram import NgramProposer
+from speclm.speculative import loop
+from speclm.speculative.proposers.ngram import NgramProposer
 
 
 def _plain_text(target, prompt, n):

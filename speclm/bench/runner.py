@@ -28,7 +28,7 @@ from ..engine import Engine
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
 from ..sampling import SamplingParams
-from ..spec.identity import compare_greedy
+from ..speculative.identity import compare_greedy
 from .methods import BASELINE, BenchMethod, parse_methods
 from .report import acceptance_from_counts, distribution, round_counts
 from .workloads import Prompt

@@ -214,7 +214,7 @@ def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | 
     from speclm.backends.llamacpp import LlamaCppBackend
     from speclm.models.store import resolve_model
     from speclm.sampling import SamplingParams
-    from speclm.spec.identity import batch_noise
+    from speclm.speculative.identity import batch_noise
 
     names = [a, b, *more]
     ks = sorted({int(k) for k in ks})

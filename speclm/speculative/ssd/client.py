@@ -83,7 +83,7 @@ class SpeculatorProcess:
     def _spawn(self) -> str:
         self._tmp = tempfile.TemporaryDirectory(prefix="speclm-ssd-")
         addr = f"ipc://{self._tmp.name}/speculator.sock"
-        cmd = [sys.executable, "-m", "speclm.spec.ssd.worker", "--bind", addr, "--model", self.model,
+        cmd = [sys.executable, "-m", "speclm.speculative.ssd.worker", "--bind", addr, "--model", self.model,
                "--n-ctx", str(self.cfg.n_ctx), "--max-sequences", str(self.cfg.max_sequences),
                "--parent-pid", str(os.getpid())]
         if self.cfg.threads:

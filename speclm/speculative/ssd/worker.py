@@ -1,7 +1,7 @@
 """The speculator process: owns the draft model, answers each verification
 outcome with the next block, and pre-drafts between messages.
 
-    python -m speclm.spec.ssd.worker --bind ipc:///tmp/x.sock --model qwen2.5-coder-0.5b
+    python -m speclm.speculative.ssd.worker --bind ipc:///tmp/x.sock --model qwen2.5-coder-0.5b
     speclm speculator --bind tcp://0.0.0.0:5555 --model qwen2.5-coder-0.5b   # another machine
 
 One ZeroMQ ROUTER socket serves every verifier session (each a REQ socket).
