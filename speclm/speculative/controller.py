@@ -173,12 +173,6 @@ class HeuristicController:
     def __init__(self, k_init: int, k_max: int):
         self.k, self.k_max = k_init, k_max
 
-    def could_pay(self, cap: int) -> bool:
-        """Would some K in 1..cap beat plain decoding at an optimistic acceptance?"""
-        plain = 1.0 / self.cost.round_ms(0)
-        return any(expected_emitted(OPTIMISTIC_ALPHA, k) / self.cost.round_ms(k) > plain
-                   for k in range(1, cap + 1))
-
     def choose(self, k_cap: int) -> tuple[int, str]:
         return min(self.k, k_cap), f"K={self.k} (+2/-1)"
 
