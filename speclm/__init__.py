@@ -4,7 +4,8 @@ from .api import LLM, SpecConfig
 from .errors import InvalidRequestError, ModelError, SpeclmError, TokenizerMismatchError
 from .metrics import GenerationResult
 from .sampling import SamplingParams
+from .speculative.ssd.options import SSDOptions
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "SpecConfig", "GenerationResult", "SpeclmError",
+__all__ = ["LLM", "SamplingParams", "SpecConfig", "SSDOptions", "GenerationResult", "SpeclmError",
            "InvalidRequestError", "ModelError", "TokenizerMismatchError"]

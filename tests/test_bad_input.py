@@ -27,7 +27,7 @@ from speclm.errors import (
     SpeclmError,
     TokenizerMismatchError,
 )
-from speclm.models import store
+from speclm.models import catalog, store
 from speclm.models.registry import REGISTRY, ModelSpec
 
 SMOL = "smollm2-135m"
@@ -52,7 +52,7 @@ def small_llm():
 
 @pytest.fixture(scope="module")
 def smol_path() -> Path:
-    return store.resolve_model(SMOL)
+    return catalog.resolve_model(SMOL)
 
 
 def one_line(exc: BaseException) -> str:
@@ -331,7 +331,7 @@ def test_registered_copy_loads_when_intact(registered_copy, tmp_path):
     ("inplace-smol", "`pip install --force-reinstall inplace-smol-dist==1.0`"),
 ])
 def test_tampered_registered_model(registered_copy, name, fix):
-    path = store.resolve_model(name)  # assembled / stamped while intact
+    path = catalog.resolve_model(name)  # assembled / stamped while intact
     flip_middle_byte(path)
     with pytest.raises(store.CorruptModelError) as err:
         LLM(target=name, n_threads=1)
@@ -348,7 +348,7 @@ def test_tampered_registered_model(registered_copy, name, fix):
 
 @pytest.mark.parametrize("name", ["copy-smol", "inplace-smol"])
 def test_truncated_registered_model(registered_copy, name):
-    path = store.resolve_model(name)
+    path = catalog.resolve_model(name)
     size = path.stat().st_size
     truncate(path, size // 2)
     with pytest.raises(ModelError) as err:
@@ -361,10 +361,10 @@ def test_truncated_registered_model(registered_copy, name):
 def test_repair_command_in_the_message_fixes_the_model(registered_copy, capsys):
     from speclm.cli import main
 
-    path = store.resolve_model("copy-smol")
+    path = catalog.resolve_model("copy-smol")
     flip_middle_byte(path)
     with pytest.raises(ModelError) as err:
-        store.resolve_model("copy-smol")
+        catalog.resolve_model("copy-smol")
     command = re.search(r"`speclm (models verify copy-smol --repair)`", str(err.value)).group(1)
     assert main(command.split()) == 0
     assert "REPAIRED copy-smol" in capsys.readouterr().out
@@ -397,7 +397,7 @@ def test_tampered_local_gguf_is_not_hashed_by_design(tmp_path, smol_path):
     path = tmp_path / "flipped.gguf"
     shutil.copyfile(smol_path, path)
     flip_middle_byte(path)
-    assert store.resolve_model(str(path)) == path  # no sha256 for a user's own file
+    assert catalog.resolve_model(str(path)) == path  # no sha256 for a user's own file
     assert store.sha256_file(path) != REGISTRY[SMOL].sha256
 
 

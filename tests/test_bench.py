@@ -186,17 +186,12 @@ def test_empty_or_missing_dataset_is_a_clear_error(tmp_path):
 
 
 # ---- methods, CLI flags, manifest -----------------------------------------------------
-def test_registering_a_method_is_one_call():
-    from speclm.api import SpecConfig
-    try:
-        methods.register_method("ngram-wide", lambda k: SpecConfig(method="sd-ngram", k=k, ngram_max=8))
-        got = methods.parse_methods(["ngram-wide", "sd-draft"])
-        assert [m.name for m in got] == ["ar", "ngram-wide", "sd-draft"]
-        assert got[1].spec(3).ngram_max == 8 and got[0].spec(5).effective_k == 0
-        assert [(m.name, k) for m, k in BenchConfig(methods=["ngram-wide"], ks=[2, 4]).configs()] == [
-            ("ar", 0), ("ngram-wide", 2), ("ngram-wide", 4)]
-    finally:
-        methods.METHODS.pop("ngram-wide")
+def test_bench_methods_come_from_the_method_table():
+    got = methods.parse_methods(["auto-ngram", "sd-draft"])
+    assert [m.name for m in got] == ["ar", "auto-ngram", "sd-draft"]
+    assert got[1].spec(3).proposer == "ngram" and got[1].spec(3).method == "auto" and got[0].spec(5).effective_k == 0
+    assert [(m.name, k) for m, k in BenchConfig(methods=["sd-ngram"], ks=[2, 4]).configs()] == [
+        ("ar", 0), ("sd-ngram", 2), ("sd-ngram", 4)]
     with pytest.raises(InvalidRequestError, match="unknown bench method 'foo'"):
         methods.parse_methods(["foo"])
 

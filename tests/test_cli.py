@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from speclm.cli import main
-from speclm.models import store
+from speclm.models import catalog, store
 from speclm.models.registry import REGISTRY
 
 SMOL = "smollm2-135m"
@@ -197,7 +197,7 @@ def test_bad_ngram_sizes(capfd):
 
 
 def test_truncated_gguf_path_is_one_line(capfd, tmp_path):
-    src = store.resolve_model(SMOL)
+    src = catalog.resolve_model(SMOL)
     path = tmp_path / "half.gguf"
     with open(src, "rb") as fin, open(path, "wb") as fout:
         fout.write(fin.read(src.stat().st_size // 2))
@@ -244,7 +244,7 @@ def test_models_list_names_survive_80_columns(capfd, monkeypatch):
     assert code == 0, err
     for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", SMOL):
         assert name in out, name
-    assert str(store.resolve_model(SMOL)) in out.replace("\n", "")
+    assert str(catalog.resolve_model(SMOL)) in out.replace("\n", "")
 
 
 def test_models_path_prints_an_existing_gguf(capfd):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from speclm.errors import ModelError
-from speclm.models import cli, store
+from speclm.models import catalog, cli, store
 from speclm.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, ModelSpec
 
 CHUNKS = [b"GGUF" + bytes(range(256)) * 20, bytes(reversed(range(256))) * 13 + b"x", b"tail-bytes" * 7]
@@ -89,7 +89,7 @@ def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 def test_assembly_bytes_and_stamp(fake: ModelSpec, cache: Path) -> None:
-    path = store.resolve_model("fake")
+    path = catalog.resolve_model("fake")
     assert path == cache / "fake.gguf" and path.read_bytes() == BLOB
     stamp = json.loads((cache / "fake.gguf.verified").read_text())
     st = path.stat()
@@ -98,54 +98,54 @@ def test_assembly_bytes_and_stamp(fake: ModelSpec, cache: Path) -> None:
 
 
 def test_second_resolve_uses_stamp(fake: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
-    store.resolve_model("fake")
+    catalog.resolve_model("fake")
     calls = count_hashes(monkeypatch)
-    store.resolve_model("fake")
+    catalog.resolve_model("fake")
     assert calls == []
     store.verify_model("fake", full=True)
     assert len(calls) == 1
 
 
 def test_missing_stamp_triggers_rehash(fake: ModelSpec, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store.resolve_model("fake")
+    catalog.resolve_model("fake")
     (cache / "fake.gguf.verified").unlink()
     calls = count_hashes(monkeypatch)
-    store.resolve_model("fake")
+    catalog.resolve_model("fake")
     assert len(calls) == 1 and (cache / "fake.gguf.verified").exists()
 
 
 def test_flipped_byte_with_changed_mtime_detected(fake: ModelSpec) -> None:
-    path = store.resolve_model("fake")
+    path = catalog.resolve_model("fake")
     flip_byte(path)
     with pytest.raises(ModelError, match=r"corrupt \(sha256 mismatch.*`speclm models verify fake --repair`") as err:
-        store.resolve_model("fake")
+        catalog.resolve_model("fake")
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
 def test_flipped_byte_with_restored_mtime(fake: ModelSpec) -> None:
     """The fast path trusts size+mtime (documented); a full verify still catches the flip."""
-    path = store.resolve_model("fake")
+    path = catalog.resolve_model("fake")
     flip_byte(path, keep_mtime=True)
-    assert store.resolve_model("fake") == path
+    assert catalog.resolve_model("fake") == path
     with pytest.raises(ModelError, match="sha256 mismatch"):
         store.verify_model("fake", full=True)
 
 
 def test_truncated_file(fake: ModelSpec) -> None:
-    path = store.resolve_model("fake")
+    path = catalog.resolve_model("fake")
     with open(path, "r+b") as fh:
         fh.truncate(len(BLOB) - 10)
     with pytest.raises(ModelError, match=rf"truncated: {len(BLOB) - 10} bytes, expected {len(BLOB)}"):
-        store.resolve_model("fake")
+        catalog.resolve_model("fake")
 
 
 def test_bad_chunks_rejected_and_temp_removed(fake: ModelSpec, tmp_path: Path, cache: Path) -> None:
     (tmp_path / "part02.bin").write_bytes(CHUNKS[1][:-1] + b"y")  # same size, wrong bytes
     with pytest.raises(ModelError, match="sha256.*pip install"):
-        store.resolve_model("fake")
+        catalog.resolve_model("fake")
     (tmp_path / "part03.bin").write_bytes(b"short")
     with pytest.raises(ModelError, match="missing or short parts.*pip install"):
-        store.resolve_model("fake")
+        catalog.resolve_model("fake")
     assert list(cache.iterdir()) == []
 
 
@@ -177,52 +177,52 @@ def real_dists_spec(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: st
 def test_real_chunk_lookup_via_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = real_dists_spec(tmp_path, monkeypatch)
     assert [p.name for p in store.chunk_paths(spec)] == ["part2.bin", "part10.bin", "part11.bin"]
-    assert store.resolve_model("fake").read_bytes() == BLOB
+    assert catalog.resolve_model("fake").read_bytes() == BLOB
 
 
 def test_short_chunk_names_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_dists_spec(tmp_path, monkeypatch, short=True)
     with pytest.raises(ModelError, match=r"fakem-part2 .*expected 999.*pip install --force-reinstall fakem-part2==1\.0"):
-        store.resolve_model("fake")
+        catalog.resolve_model("fake")
 
 
 def test_wrong_distribution_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_dists_spec(tmp_path, monkeypatch, version="0.9")
     with pytest.raises(ModelError, match=r"needs fakem-part2==1\.0 but 0\.9 is installed"):
-        store.resolve_model("fake")
+        catalog.resolve_model("fake")
 
 
 def test_missing_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = ModelSpec("ghost", "d", "draft", ("speclm-no-such-dist-part1",), "1.0", 1, "0" * 64)
     monkeypatch.setitem(REGISTRY, "ghost", spec)
     with pytest.raises(ModelError, match=r"speclm-no-such-dist-part1.*pip install 'speclm\[models\]'"):
-        store.resolve_model("ghost")
-    assert {s.name: s.state for s in store.list_models()}["ghost"] == "not installed"
+        catalog.resolve_model("ghost")
+    assert {s.name: s.state for s in catalog.list_models()}["ghost"] == "not installed"
 
 
 def test_unknown_name_lists_known() -> None:
     with pytest.raises(ModelError, match=r"unknown model 'nope'.*qwen2\.5-coder-0\.5b.*smollm2-135m.*\.gguf path"):
-        store.resolve_model("nope")
+        catalog.resolve_model("nope")
 
 
 def test_local_paths(tmp_path: Path) -> None:
     good = tmp_path / "m.gguf"
     good.write_bytes(b"GGUF\x03\x00\x00\x00rest")
-    assert store.resolve_model(str(good)) == good
+    assert catalog.resolve_model(str(good)) == good
     bad = tmp_path / "notes.txt"
     bad.write_bytes(b"hello")
     with pytest.raises(ModelError, match="not a GGUF file"):
-        store.resolve_model(str(bad))
+        catalog.resolve_model(str(bad))
     with pytest.raises(ModelError, match=r"missing\.gguf does not exist"):
-        store.resolve_model(str(tmp_path / "missing.gguf"))
+        catalog.resolve_model(str(tmp_path / "missing.gguf"))
     with pytest.raises(ModelError, match="does not exist"):
-        store.resolve_model("relative/missing")
+        catalog.resolve_model("relative/missing")
     with pytest.raises(ModelError, match="cannot read model file"):
-        store.resolve_model(str(tmp_path))  # a directory
+        catalog.resolve_model(str(tmp_path))  # a directory
 
 
 def test_repair_rebuilds_corrupt_file(fake: ModelSpec) -> None:
-    path = store.resolve_model("fake")
+    path = catalog.resolve_model("fake")
     flip_byte(path)
     assert store.repair_model("fake") == path and path.read_bytes() == BLOB
     assert store.verify_model("fake") == path
@@ -230,9 +230,9 @@ def test_repair_rebuilds_corrupt_file(fake: ModelSpec) -> None:
 
 def test_list_models_states(fake: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(REGISTRY, "ghost", ModelSpec("ghost", "d", "draft", ("speclm-no-such-dist",), "1", 1, "0" * 64))
-    states = lambda: {s.name: (s.state, s.path) for s in store.list_models()}  # noqa: E731
+    states = lambda: {s.name: (s.state, s.path) for s in catalog.list_models()}  # noqa: E731
     assert states() == {"fake": ("not assembled", None), "ghost": ("not installed", None)}
-    path = store.resolve_model("fake")
+    path = catalog.resolve_model("fake")
     assert states()["fake"] == ("ready", path)
     flip_byte(path)
     assert states()["fake"][0].startswith("corrupt: sha256 mismatch")
@@ -256,7 +256,7 @@ def test_cli_list_path_verify(fake: ModelSpec, cache: Path, capsys: pytest.Captu
 
 
 def test_cli_verify_failed_then_repair(fake: ModelSpec, capsys: pytest.CaptureFixture[str]) -> None:
-    path = store.resolve_model("fake")
+    path = catalog.resolve_model("fake")
     flip_byte(path, keep_mtime=True)
     assert run_cli("models", "verify", "fake") == 1
     assert "FAILED" in capsys.readouterr().out
@@ -268,11 +268,11 @@ def test_cli_verify_failed_then_repair(fake: ModelSpec, capsys: pytest.CaptureFi
 
 def test_real_smollm2_resolves_and_verifies(cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(store, "BLOCK", 8 * 1024 * 1024)
-    path = store.resolve_model("smollm2-135m")
+    path = catalog.resolve_model("smollm2-135m")
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and "site-packages" in str(path)
     assert path.stat().st_size == 98362432 and path.open("rb").read(4) == b"GGUF"
     assert len(list(cache.glob("smollm2-135m-*.verified"))) == 1  # stamp in cache, file used in place
     calls = count_hashes(monkeypatch)
-    assert store.resolve_model("smollm2-135m") == path and calls == []
+    assert catalog.resolve_model("smollm2-135m") == path and calls == []
     assert run_cli("models", "verify", "smollm2-135m") == 0 and len(calls) == 1
     assert "OK" in capsys.readouterr().out

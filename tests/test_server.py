@@ -365,8 +365,8 @@ def test_non_stream_disconnect_cancels_the_request():
             httpx.post(url + C, json={"prompt": "abc", "max_tokens": 900}, timeout=0.3)
         assert wait_until(lambda: app.state.speclm.engine.load == (0, 0), 1.0)  # 900 tokens take ~3 s
         assert llm.target.live_sequences == 0
-        assert wait_until(lambda: scrape(url).get(
-            ("speclm_generations_total", (("finish_reason", "cancelled"), ("method", "ar")))) == 1)
+        assert wait_until(lambda: scrape(url).get(  # the default method is auto, with or without a draft
+            ("speclm_generations_total", (("finish_reason", "cancelled"), ("method", "auto")))) == 1)
 
 
 def test_shutdown_ends_in_flight_streams_cleanly():

@@ -26,10 +26,11 @@ from speclm.backends.toy import ToyBackend
 from speclm.errors import BackendError, InvalidRequestError
 from speclm.speculative import loop
 from speclm.speculative.proposers.draft_model import DraftModelProposer
-from speclm.speculative.ssd.client import InlineChannel, SpeculatorConfig, SSDProposer
+from speclm.speculative.ssd.client import SpeculatorConfig, SSDProposer
 from speclm.speculative.ssd.fanout import allocate_fanout, candidates, outcome_probs, saguaro
 from speclm.speculative.ssd.speculator import SSDOptions
 
+from .ssd_inline import InlineChannel
 from .stats import empirical_check, exact_distribution
 
 VOCAB, N_TOKENS, N_SAMPLES, K = 4, 3, 8000, 2
@@ -45,7 +46,7 @@ def make_unlike_draft() -> ToyBackend:
 
 
 def ssd_proposer(draft: ToyBackend, predraft: int | None, **opts) -> SSDProposer:
-    return SSDProposer(lambda: InlineChannel(draft, predraft), SSDOptions(k=K, **opts),
+    return SSDProposer(lambda: InlineChannel(draft, predraft), SSDOptions(**opts), k=K,
                        fallback=lambda: DraftModelProposer(draft))
 
 
@@ -148,13 +149,13 @@ def test_ssd_greedy_equals_plain_decoding_token_for_token(predraft, width):
 
 def test_ssd_options_are_validated():
     with pytest.raises(InvalidRequestError, match="saguaro_c"):
-        SpecConfig(method="ssd", saguaro_c=0.0)
+        SSDOptions(saguaro_c=0.0)
     with pytest.raises(InvalidRequestError, match="fanout"):
-        SpecConfig(method="ssd", fanout=-1)
+        SSDOptions(fanout=-1)
     with pytest.raises(InvalidRequestError, match="fallback"):
-        SpecConfig(method="ssd", fallback="maybe")
-    with pytest.raises(InvalidRequestError, match="ssd_width"):
-        SpecConfig(method="ssd", ssd_width=0)
+        SSDOptions(fallback="maybe")
+    with pytest.raises(InvalidRequestError, match="ssd-width"):
+        SSDOptions(width=0)
 
 
 # ---- the real speculator process ---------------------------------------------------
@@ -188,7 +189,7 @@ def test_process_ssd_greedy_equals_plain_and_serves_hits_over_zeromq():
     try:
         params = SamplingParams(max_new_tokens=24)
         ar = llm.generate(PROMPT, params, SpecConfig(method="ar"))
-        ssd = llm.generate(PROMPT, params, SpecConfig(method="ssd", k=3, fanout=4))
+        ssd = llm.generate(PROMPT, params, SpecConfig(method="ssd", k=3, ssd=SSDOptions(fanout=4)))
         assert ssd.token_ids == ar.token_ids
         assert ssd.summary.cache_hit_rate is not None and ssd.summary.cache_hit_rate > 0.5, \
             [r.info for r in ssd.rounds]
@@ -212,7 +213,8 @@ def test_killing_the_speculator_mid_generation_still_gives_the_right_output(capl
                 os.kill(pid, signal.SIGKILL)
 
         with caplog.at_level("WARNING", logger="speclm.ssd"):
-            ssd = llm.generate(PROMPT, params, SpecConfig(method="ssd", k=2, fanout=4), on_text=kill_after_a_few)
+            ssd = llm.generate(PROMPT, params, SpecConfig(method="ssd", k=2, ssd=SSDOptions(fanout=4)),
+                               on_text=kill_after_a_few)
         assert ssd.token_ids == ar.token_ids and ssd.finish_reason == "length"
         assert any(r.info and r.info.get("fallback") == "sync" for r in ssd.rounds)
         assert sum("speculator lost" in m for m in caplog.messages) == 1
@@ -259,7 +261,7 @@ def test_smollm2_ssd_greedy_equals_plain_decoding():
         ids = llm.encode("def fibonacci(n):\n")
         params = SamplingParams(max_new_tokens=40)
         ar = llm.generate(ids, params, SpecConfig(method="ar"))
-        ssd = llm.generate(ids, params, SpecConfig(method="ssd", k=3, fanout=4))
+        ssd = llm.generate(ids, params, SpecConfig(method="ssd", k=3, ssd=SSDOptions(fanout=4)))
         assert ssd.token_ids == ar.token_ids
         assert all(r.info is not None for r in ssd.rounds if r.proposed)
 

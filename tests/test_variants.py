@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from speclm.errors import ModelError
-from speclm.models import cli, store, variants
+from speclm.models import catalog, cli, store, variants
 from speclm.models.store import CorruptModelError
 
 SMOL = "smollm2-135m"
@@ -78,7 +78,7 @@ def test_prepared_files_match_their_manifest(cache: Path) -> None:
         assert entry["sha256"] == store.sha256_file(path)
         assert entry["source"] == SMOL and entry["source_sha256"] == store.get_spec(SMOL).sha256
         assert entry["quant"] == key.split("@")[1] and entry["llama_cpp_python"]
-        assert store.resolve_model(key) == path == variants.resolve_variant(key)
+        assert catalog.resolve_model(key) == path == variants.resolve_variant(key)
     assert not list(cache.glob("*.part")) and not list(cache.glob(".*.part"))
     # q4_0 is smaller than q8_0; a prepare of a good variant is a no-op
     assert (cache / f"{Q4}.gguf").stat().st_size < (cache / f"{Q8}.gguf").stat().st_size
@@ -107,7 +107,7 @@ def test_variants_load_and_generate(cache: Path) -> None:
 def test_list_models_and_list_variants_show_variants(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = {v.name: v for v in variants.list_variants()}
     assert rows[Q4].state == rows[Q8].state == "ready" and rows[Q4].quant == "q4_0"
-    states = {s.name: s.state for s in store.list_models()}
+    states = {s.name: s.state for s in catalog.list_models()}
     assert states[Q4] == "ready" and states[SMOL] == "ready"
     assert run_cli("models", "list") == 0
     out = capsys.readouterr().out
@@ -118,8 +118,8 @@ def test_list_models_and_list_variants_show_variants(cache: Path, capsys: pytest
 
 def test_missing_unknown_and_bad_names(cache: Path, capfd: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ModelError, match=r"run `speclm models prepare smollm2-135m --quant q5_0`"):
-        store.resolve_model(f"{SMOL}@q5_0")
-    for call in (lambda: variants.prepare_variant(SMOL, "q3_x"), lambda: store.resolve_model(f"{SMOL}@q3_x")):
+        catalog.resolve_model(f"{SMOL}@q5_0")
+    for call in (lambda: variants.prepare_variant(SMOL, "q3_x"), lambda: catalog.resolve_model(f"{SMOL}@q3_x")):
         with pytest.raises(ModelError, match=r"unknown quantisation type 'q3_x'; choose one of: q4_0, q4_1, "
                                              r"q5_0, q5_1, q8_0, q4_k_m, q5_k_m, q6_k"):
             call()
@@ -140,7 +140,7 @@ def test_truncated_file_is_detected_and_rebuilt_by_force(scratch: Path) -> None:
     good_sha = variants.read_manifest()[Q4]["sha256"]
     with open(path, "r+b") as fh:
         fh.truncate(path.stat().st_size // 2)
-    for resolve in (variants.resolve_variant, store.resolve_model):
+    for resolve in (variants.resolve_variant, catalog.resolve_model):
         with pytest.raises(CorruptModelError) as exc:
             resolve(Q4)
         msg = str(exc.value)
@@ -167,7 +167,7 @@ def test_flipped_byte_is_detected_and_rebuilt_by_cli_force(scratch: Path,
     assert "sha256 mismatch" in capsys.readouterr().out
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
     with pytest.raises(CorruptModelError, match=r"sha256 mismatch.*--quant q4_0 --force") as exc:
-        store.resolve_model(Q4)
+        catalog.resolve_model(Q4)
     assert str(path) in str(exc.value)
     assert {v.name: v.state for v in variants.list_variants()}[Q4].startswith("corrupt: sha256 mismatch")
     assert run_cli("models", "prepare", SMOL, "--quant", "q4_0", "--force", "--threads", "1") == 0
@@ -201,7 +201,7 @@ def test_interrupted_prepare_leaves_no_variant_and_is_reported(scratch: Path,
     leftover = scratch / f".{Q4}.x1y2z3.part"  # what a SIGKILL would leave
     leftover.write_bytes(b"GGUF partial")
     with pytest.raises(CorruptModelError) as exc:
-        store.resolve_model(Q4)
+        catalog.resolve_model(Q4)
     msg = str(exc.value)
     assert "interrupted" in msg and str(leftover) in msg and "--quant q4_0 --force" in msg
     assert {v.name: v.state for v in variants.list_variants()}[Q4] == "unfinished"
@@ -243,7 +243,7 @@ def test_compare_produces_every_field(cache: Path, capsys: pytest.CaptureFixture
     assert ref["agreement"] == 1.0 and ref["ar_same_prefix"] == [8, 8]
     assert "Q8_0" in q8["type"] and "Q4_0" in q4["type"]
     assert q8["agreement"] > q4["agreement"]  # 8-bit stays closer to the shipped Q4_1 than 4-bit does
-    from speclm.models.compare import print_table
+    from speclm.bench.compare import print_table
     print_table(result)
     table = capsys.readouterr().out
     assert "v(4) ms" in table and "perplexity" in table and "load average" in table

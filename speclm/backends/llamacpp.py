@@ -52,6 +52,19 @@ def _init_once() -> None:
         _initialised = True
 
 
+def quantize(source: Path, out: Path, ftype: int, n_threads: int | None = None) -> None:
+    """Requantise GGUF `source` into `out` with llama.cpp's quantizer (ftype: a
+    LLAMA_FTYPE_* value); RuntimeError carrying llama.cpp's own reason on failure."""
+    _init_once()
+    params = L.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.allow_requantize = True  # the shipped models are already quantised
+    params.nthread = n_threads or 0  # 0: all cores
+    _recent_errors.clear()
+    if L.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
+        raise RuntimeError(_last_error())
+
+
 class LlamaCppBackend(Backend):
     """A GGUF model run by llama.cpp on the CPU."""
 
@@ -140,6 +153,14 @@ class LlamaCppBackend(Backend):
         return "" if token is None or token < 0 else self.token_text(token).decode("utf-8", "replace")
 
     # ---- sequences -----------------------------------------------------
+    def describe(self) -> str | None:
+        """llama.cpp's one-line description of the model (architecture, size, file type)."""
+        if not self._model:
+            return None
+        buf = ctypes.create_string_buffer(256)
+        n = L.llama_model_desc(self._model, buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n > 0 else None
+
     def new_sequence(self) -> int:
         if not self._free_ids:
             raise BackendError(f"all {len(self._held)} KV sequences of {self.path.name} are in use")

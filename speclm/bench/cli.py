@@ -19,24 +19,24 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..api import LLM, SpecConfig
-from ..cli import add_ssd_options, speculator_config
+from ..api import LLM
+from ..cli_options import add_spec_options, spec_from_args, speculator_config
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
 from ..sampling import SamplingParams
 from .manifest import describe_model
-from .methods import METHODS, parse_methods, register_method
+from .methods import BENCH_DEFAULT, bench_methods, parse_methods
 from .report import MAIN_HEADER, table_rows
 from .runner import BenchConfig, TraceSink, busy_warning, run_bench
 from .sweep import ProgressBars, plan_models, run_sweep, write_outputs
 from .workloads import Prompt, load_builtin, load_dataset, select
 
-# Sized by measurement on 2 Zen 3 cores: ~6 prompts × (AR + sd-draft + sd-ngram) × 48 tokens.
+# Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "k": [4],
-         "temperature": [0.0], "max_new_tokens": [48], "methods": ["ar", "sd-draft", "sd-ngram"],
+         "temperature": [0.0], "max_new_tokens": [48], "methods": list(BENCH_DEFAULT),
          "repeats": 1, "concurrency": []}
 DEFAULTS = {"categories": None, "prompts_per_category": 20, "k": [2, 4, 8], "temperature": [0.0],
-            "max_new_tokens": [128], "methods": ["ar", "sd-draft", "sd-ngram"], "repeats": 1,
+            "max_new_tokens": [128], "methods": list(BENCH_DEFAULT), "repeats": 1,
             "concurrency": []}
 
 
@@ -72,7 +72,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="humaneval,code-edit,chat,summarize,translate,math (default: all)")
     b.add_argument("--prompts-per-category", type=int, default=None, help="first N prompts of each (default 20)")
     b.add_argument("--methods", type=_csv(str, "method names"), default=None,
-                   help=f"comma-separated, from {', '.join(METHODS)} (AR always runs; default ar,sd-draft,sd-ngram)")
+                   help=f"comma-separated, from {', '.join(bench_methods())} (AR always runs; "
+                        f"default {','.join(BENCH_DEFAULT)})")
     b.add_argument("--k", type=_csv(int, "integers"), default=None, help="draft lengths (default 2,4,8)")
     b.add_argument("--temperature", type=_csv(float, "numbers"), default=None, help="default 0 (greedy)")
     b.add_argument("--max-new-tokens", type=_csv(int, "integers"), default=None, help="default 128")
@@ -87,7 +88,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     b.add_argument("--n-ctx", type=int, default=4096, help="context per sequence (default 4096)")
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
-    add_ssd_options(b)
+    add_spec_options(b, skip=("method", "k"))  # --methods and --k sweep those
     b.set_defaults(func=cmd_bench)
     return b
 
@@ -105,7 +106,7 @@ def resolve_args(args: argparse.Namespace) -> dict:
         raise InvalidRequestError(f"--concurrency values must be >= 1, got {v['concurrency']}")
     cfg = BenchConfig(methods=v["methods"], ks=v["k"], temperatures=v["temperature"],
                       max_new_tokens=v["max_new_tokens"], repeats=v["repeats"], seed=args.seed,
-                      concurrency=v["concurrency"], ignore_eos=args.ignore_eos)
+                      concurrency=v["concurrency"], ignore_eos=args.ignore_eos, base=spec_from_args(args))
     for method, k in cfg.configs():  # fail before loading any model
         method.spec(k)
     for t in cfg.temperatures:
@@ -133,7 +134,7 @@ def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path,
     finally:
         bars.stop()
         sink.close()
-    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods))
+    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
     return write_outputs(out_dir, run, cfg, prompts, targets=[describe_model(target_spec, llm.target)],
                          drafts=[describe_model(draft_spec, llm.draft)] if uses_draft else [],
                          threads=threads or getattr(llm.target, "n_threads", None), dataset=dataset)
@@ -172,17 +173,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     v = resolve_args(args)
     cfg: BenchConfig = v["config"]
     prompts = load_prompts(args.dataset, v["categories"], v["prompts_per_category"])
-    needs_draft = any(m.needs_draft for m in parse_methods(cfg.methods))
+    needs_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
     plan = plan_models(args.target, args.targets, args.draft, args.drafts, needs_draft)
     err = Console(stderr=True, highlight=False)
     warning = busy_warning(os.getloadavg()[0], os.cpu_count() or 1)
     if warning:
         err.print(f"[bold red]WARNING:[/] {escape(warning)}")
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
-    register_method("ssd", lambda k: SpecConfig(method="ssd", k=k, fanout=args.fanout, saguaro_c=args.saguaro_c,
-                                                fallback=args.fallback, target_threads=args.target_threads,
-                                                ssd_width=args.ssd_width, cheap_at_sessions=args.cheap_at_sessions),
-                    needs_draft=True, description=METHODS["ssd"].description)
     out = run_sweep(plan, prompts, cfg, out_dir, n_ctx=args.n_ctx, threads=args.threads, dataset=args.dataset,
                     variant_quality=args.variant_quality, progress=True, speculator=speculator_config(args))
     print_main_table(out["summary"])

@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from .report import _md_table, merge_counts
+from ..speculative.methods import METHODS as TABLE
+from .tables import md_table, merge_counts
 
 
 def _decode_tok_s(recs: Sequence[dict]) -> float | None:
@@ -35,7 +36,8 @@ def _decode_tok_s(recs: Sequence[dict]) -> float | None:
 
 
 def project(requests: Sequence[dict]) -> list[dict]:
-    """One row per category (and 'all') × target × T × K with both sd-draft and ssd requests."""
+    """One row per category (and 'all') × target × T × K with requests of both a
+    speculator method (ssd) and its synchronous twin (the table's `sync_twin`: sd-draft)."""
     groups: dict[tuple, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
     cats = list(dict.fromkeys(r["category"] for r in requests))
     for r in requests:
@@ -45,8 +47,9 @@ def project(requests: Sequence[dict]) -> list[dict]:
     rows = []
     for (cat, target, temp, max_new), by in groups.items():
         for (method, k, draft), ssd in by.items():
-            sd = by.get(("sd-draft", k, draft))
-            if method != "ssd" or not sd or not any(r.get("cache_rounds") for r in ssd):
+            twin = TABLE[method].sync_twin if method in TABLE else None
+            sd = by.get((twin, k, draft)) if twin else None
+            if not sd or not any(r.get("cache_rounds") for r in ssd):
                 continue
             c_sd, c_ssd = merge_counts(sd), merge_counts(ssd)
             v = sum(r["verify_ms"] for r in sd) / c_sd["rounds"]
@@ -96,5 +99,5 @@ def render(rows: Sequence[dict]) -> list[str]:
             "the last columns assume the speculator runs on separate hardware equal to the target's: "
             "ssd round = v + o + h·w + (1 − h)·K̄·d, sd round = v + o + K̄·d, with v, o, d from sd-draft at the "
             "same K and h, w, K̄, L from ssd; proj/sd compares the two (see speclm/bench/projection.py).", "",
-            _md_table(("category", "K", "T", "ar", "sd-draft", "ssd here", "sd MODELLED", "ssd PROJECTED", "proj/sd",
+            md_table(("category", "K", "T", "ar", "sd-draft", "ssd here", "sd MODELLED", "ssd PROJECTED", "proj/sd",
                        "proj/ar", "inputs (ms)"), body)]

@@ -18,8 +18,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..models.compare import mib
+from .compare import mib
 from .methods import BASELINE
+from .tables import md_table, merge_counts  # noqa: F401  (merge_counts: public here too)
 
 # target / draft: the model files a record ran on (a variant sweep never pools them)
 GROUP_KEYS = ("category", "method", "k", "temperature", "max_new_tokens", "target", "draft")
@@ -48,21 +49,6 @@ def round_counts(rounds: Iterable) -> dict:
             "accepted": sum(a for _, a in pairs), "emitted": sum(a + 1 for _, a in pairs),
             "full_accepts": sum(1 for k, a in pairs if k > 0 and a == k),
             "pos_eligible": elig, "pos_accepted": acc, "rejection_hist": rej}
-
-
-def merge_counts(counts: Iterable[dict]) -> dict:
-    """Sum round_counts dicts (position lists padded to the longest)."""
-    out = {"rounds": 0, "proposed": 0, "accepted": 0, "emitted": 0, "full_accepts": 0,
-           "pos_eligible": [], "pos_accepted": [], "rejection_hist": []}
-    for c in counts:
-        for key in ("rounds", "proposed", "accepted", "emitted", "full_accepts"):
-            out[key] += c[key]
-        for key in ("pos_eligible", "pos_accepted", "rejection_hist"):
-            cur, add = out[key], c[key]
-            cur.extend([0] * (len(add) - len(cur)))
-            for j, v in enumerate(add):
-                cur[j] += v
-    return out
 
 
 def acceptance_from_counts(c: dict) -> dict:
@@ -209,7 +195,7 @@ def render_ssd(rows: Sequence[dict]) -> list[str]:
             "hit rate: rounds whose block was pre-drafted while the target verified; by k: the same among "
             "rounds answering an outcome with k accepted tokens; wait: the verifier's wait for a block; "
             "busy: the speculator's pre-drafting time per round.", "",
-            _md_table(("category", "method", "T", "hit rate", "hit rate by k", "mean acc len", "wait ms/round",
+            md_table(("category", "method", "T", "hit rate", "hit rate by k", "mean acc len", "wait ms/round",
                        "busy ms/round"), body)]
 
 
@@ -303,11 +289,6 @@ def table_rows(summary: dict) -> list[tuple[str, ...]]:
     return out
 
 
-def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 def render_variants(v: dict) -> list[str]:
     """The "Variants" section: one line per target × draft, then the best pair."""
     ks = [str(k) for k in v["ks"]]
@@ -331,7 +312,7 @@ def render_variants(v: dict) -> list[str]:
             f"output tokens / wall ms of the draft config with the most (all prompts pooled); perplexity and "
             f"teacher-forced greedy agreement on the `models compare` text set"
             + ("." if v["quality"] else " (not measured: rerun with --variant-quality)."), "",
-            _md_table(header, rows), "", f"**{v['best_sentence']}**", "", *drafts, *files]
+            md_table(header, rows), "", f"**{v['best_sentence']}**", "", *drafts, *files]
 
 
 def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
@@ -359,20 +340,20 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
     from .projection import render as render_projection
     ssd_part = render_ssd(summary["rows"]) + render_projection(summary.get("ssd_projection", []))
     parts += ["", "## Results", "", "speedup = Σ AR wall / Σ method wall over the same prompts in this run; "
-              "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", _md_table(MAIN_HEADER, table_rows(summary)), *ssd_part, "",
+              "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", md_table(MAIN_HEADER, table_rows(summary)), *ssd_part, "",
               "## Distributions (ms)", ""]
     dist_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                   *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))
                     for key in ("latency_ms", "ttft_ms", "tpot_ms")),
                   f"{r['draft_share']:.0%} / {r['verify_share']:.0%}") for r in summary["rows"]]
-    parts += [_md_table(("category", "method", "T", "latency p50/p95/p99", "TTFT p50/p95/p99",
+    parts += [md_table(("category", "method", "T", "latency p50/p95/p99", "TTFT p50/p95/p99",
                          "TPOT p50/p95/p99", "draft / verify share"), dist_rows), "",
               "## Per-position acceptance and rejections", ""]
     acc_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                  " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]),
                  " ".join(str(x) for x in r["counts"]["rejection_hist"]), str(r["counts"]["full_accepts"]))
                 for r in summary["rows"] if r["method"] != BASELINE]
-    parts += [_md_table(("category", "method", "T", "acceptance at j=1..K", "rejections at j=1..K",
+    parts += [md_table(("category", "method", "T", "acceptance at j=1..K", "rejections at j=1..K",
                          "all accepted"), acc_rows), "", "## Greedy identity with AR", ""]
     divs = summary["identity_divergences"]
     parts += ["All greedy outputs identical to AR." if not divs else
@@ -383,7 +364,7 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
         conc_rows = [(str(c["concurrency"]), label(c, models), f"{c['temperature']:g}", _f(c["throughput_tok_s"], ".1f"),
                       *(" / ".join(_f(c[key][q], ".0f") for q in ("p50", "p95", "p99"))
                         for key in ("latency_ms", "ttft_ms"))) for c in summary["concurrency"]]
-        parts += ["", "## Concurrency", "", _md_table(("N", "method", "T", "tok/s", "latency p50/p95/p99",
+        parts += ["", "## Concurrency", "", md_table(("N", "method", "T", "tok/s", "latency p50/p95/p99",
                                                        "TTFT p50/p95/p99"), conc_rows)]
     parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(parts)

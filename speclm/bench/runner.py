@@ -19,17 +19,17 @@ import resource
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from ..api import LLM
+from ..api import LLM, SpecConfig
 from ..engine import Engine
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
 from ..sampling import SamplingParams
 from ..speculative.identity import compare_greedy
-from .methods import BASELINE, BenchMethod, parse_methods
+from .methods import BASELINE, BENCH_DEFAULT, BenchMethod, parse_methods
 from .report import acceptance_from_counts, distribution, round_counts
 from .workloads import Prompt
 
@@ -40,7 +40,7 @@ WARMUP_TOKENS = 8
 class BenchConfig:
     """What to sweep. Every list is swept; AR runs once per (prompt, repeat, T, N)."""
 
-    methods: list[str] = field(default_factory=lambda: ["ar", "sd-draft", "sd-ngram"])
+    methods: list[str] = field(default_factory=lambda: list(BENCH_DEFAULT))
     ks: list[int] = field(default_factory=lambda: [2, 4, 8])
     temperatures: list[float] = field(default_factory=lambda: [0.0])
     max_new_tokens: list[int] = field(default_factory=lambda: [128])
@@ -48,18 +48,20 @@ class BenchConfig:
     seed: int = 0
     concurrency: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    base: SpecConfig = field(default_factory=SpecConfig)  # the settings no sweep dimension sets
 
     def configs(self) -> list[tuple[BenchMethod, int]]:
         """(method, K) pairs in run order: AR first (K = 0), then each method × K."""
         out: list[tuple[BenchMethod, int]] = []
-        for m in parse_methods(self.methods):
+        for m in parse_methods(self.methods, self.base):
             out.extend([(m, k) for k in self.ks] if m.uses_k else [(m, 0)])
         return out
 
     def to_dict(self) -> dict:
         return {"methods": self.methods, "ks": self.ks, "temperatures": self.temperatures,
                 "max_new_tokens": self.max_new_tokens, "repeats": self.repeats, "seed": self.seed,
-                "concurrency": self.concurrency, "ignore_eos": self.ignore_eos}
+                "concurrency": self.concurrency, "ignore_eos": self.ignore_eos,
+                "base_spec": asdict(self.base)}
 
 
 @dataclass(frozen=True)
@@ -268,8 +270,6 @@ def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: Be
         for n in cfg.concurrency:
             for arm in arms:
                 method, k = arm.method, arm.k
-                if method.run is not None:
-                    continue  # custom runners bypass the Engine
                 spec = method.spec(k)
                 engine = Engine(arm.llm, max_concurrency=n, max_queue=len(encoded) + n)
                 jobs = [(ids, _params(cfg, temp, max_new, cfg.seed + i)) for i, ids in enumerate(encoded)]

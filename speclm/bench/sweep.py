@@ -7,7 +7,7 @@ draft's LLM over the same loaded target. The drafts stay loaded for the
 whole run. `--target/--draft` is a sweep of one.
 
 Per model it also records file, size and sha256 (manifest.describe_model),
-the score-cost curve v(k) (speclm.models.compare.time_blocks after the
+the score-cost curve v(k) (speclm.bench.compare.time_blocks after the
 target's requests, median of V_REPEATS) and, with `variant_quality`,
 perplexity on compare's text set and teacher-forced greedy agreement with
 the first target (compare.measure_quality). Timings of different targets
@@ -31,12 +31,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..api import LLM, load_backend
+from ..api import LLM
+from ..backends.load import load_backend
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
-from ..models import compare
+from . import compare
 from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from ..models.store import resolve_model
+from ..models.catalog import resolve_model
 from ..models.variants import SEP
 from .manifest import build_manifest, describe_model
 from .methods import BASELINE, parse_methods
@@ -282,7 +283,7 @@ def write_outputs(out_dir: Path, run: BenchRun, cfg: BenchConfig, prompts: Seque
     summary = build_summary(run, cfg.to_dict())
     if variants is not None:
         summary["variants"] = variants
-    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods))
+    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
     drafts = drafts if uses_draft else []
     manifest = build_manifest(
         target=targets[0], draft=drafts[0] if drafts else None, targets=targets, drafts=drafts,

@@ -12,7 +12,8 @@ from typing import Any
 
 from speclm.errors import ModelError
 from speclm.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
-from speclm.models.store import CorruptModelError, get_spec, list_models, repair_model, resolve_model, verify_model
+from speclm.models.catalog import list_models, resolve_model
+from speclm.models.store import CorruptModelError, get_spec, repair_model, verify_model
 
 
 def _human(size: int) -> str:
@@ -109,7 +110,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Measure models side by side (size, perplexity, agreement, AR tok/s, v(k)); table or JSON."""
     import json
 
-    from speclm.models.compare import compare_models, print_table
+    from speclm.bench.compare import compare_models, print_table
     if len(args.models) < 2:
         raise ModelError("compare needs at least two models, e.g. `speclm models compare "
                          "qwen2.5-coder-1.5b qwen2.5-coder-1.5b@q4_0`")

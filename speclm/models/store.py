@@ -50,11 +50,11 @@ def cache_dir() -> Path:
 def get_spec(name: str) -> ModelSpec:
     """The registered spec for ``name``; ModelError listing known names otherwise."""
     if name not in REGISTRY:
-        raise _unknown(name)
+        raise unknown_model(name)
     return REGISTRY[name]
 
 
-def _unknown(name: str) -> ModelError:
+def unknown_model(name: str) -> ModelError:
     known = ", ".join(sorted(REGISTRY))
     return ModelError(f"unknown model {name!r}; known models: {known} (a local .gguf path also works)")
 
@@ -244,7 +244,7 @@ def repair_model(name: str) -> Path:
     return assemble(spec)
 
 
-def _local_gguf(text: str) -> Path:
+def local_gguf(text: str) -> Path:
     path = Path(text).expanduser()
     if not path.exists():
         known = ", ".join(sorted(REGISTRY))
@@ -259,22 +259,6 @@ def _local_gguf(text: str) -> Path:
     return path
 
 
-def resolve_model(name_or_path: str) -> Path:
-    """The GGUF path to load: a registered name (assembled/verified) or a local GGUF file.
-
-    Registered names win over a same-named file in the working directory;
-    ``NAME@QUANT`` is a prepared variant (speclm.models.variants).
-    """
-    if name_or_path in REGISTRY:
-        return verify_model(name_or_path, full=False)
-    if name_or_path.rpartition("@")[0] in REGISTRY and not name_or_path.endswith(".gguf"):
-        from speclm.models.variants import resolve_variant
-        return resolve_variant(name_or_path)
-    if "/" in name_or_path or name_or_path.endswith(".gguf") or os.path.isfile(name_or_path):
-        return _local_gguf(name_or_path)
-    raise _unknown(name_or_path)
-
-
 @dataclass
 class ModelStatus:
     """One row of ``list_models``. ``state``: ready | not assembled | not installed | corrupt: <why>."""
@@ -286,7 +270,7 @@ class ModelStatus:
     state: str
 
 
-def _state(spec: ModelSpec) -> tuple[Path | None, str]:
+def model_state(spec: ModelSpec) -> tuple[Path | None, str]:
     try:
         path = model_path(spec)
     except ModelError:
@@ -299,16 +283,3 @@ def _state(spec: ModelSpec) -> tuple[Path | None, str]:
         return None, "not assembled"
     why = _problem(spec, path, full=False)
     return path, f"corrupt: {why}" if why else "ready"
-
-
-def list_models() -> list[ModelStatus]:
-    """Status of every registered model, then of prepared variants; hashes only files whose stamp is stale."""
-    rows = []
-    for spec in REGISTRY.values():
-        path, state = _state(spec)
-        rows.append(ModelStatus(spec.name, spec.description, spec.role, path, state))
-    from speclm.models.variants import list_variants
-    for v in list_variants():
-        rows.append(ModelStatus(v.name, f"{REGISTRY[v.source].description} requantised to {v.quant.upper()}",
-                                REGISTRY[v.source].role, v.path, v.state))
-    return rows

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from speclm.errors import ModelError
 from speclm.models.registry import REGISTRY
-from speclm.models.store import GGUF_MAGIC, CorruptModelError, cache_dir, get_spec, resolve_model, sha256_file
+from speclm.models.store import GGUF_MAGIC, CorruptModelError, cache_dir, get_spec, sha256_file, verify_model
 
 MANIFEST = "variants.json"
 SEP = "@"
@@ -250,7 +250,7 @@ def prepare_variant(name: str, quant: str, force: bool = False, n_threads: int |
     dest = variant_path(key)
     if not force and dest.exists():
         return resolve_variant(key)  # good: reuse; damaged: CorruptModelError naming --force
-    source = resolve_model(name)  # assembled + verified (stamp fast path)
+    source = verify_model(name, full=False)  # assembled + verified (stamp fast path)
     with _locked(_lock_path(key), blocking=False,
                  busy=f"variant {key} is being prepared by another process; wait for it to finish"):
         for stale in _leftovers(key):
@@ -288,20 +288,13 @@ def prepare_variant(name: str, quant: str, force: bool = False, n_threads: int |
 
 
 def _quantize(source: Path, out: Path, quant: str, n_threads: int | None) -> float:
-    import llama_cpp as L
-
     from speclm.backends import llamacpp  # its log callback keeps llama.cpp's chatter off stderr
-    llamacpp._init_once()
-    params = L.llama_model_quantize_default_params()
-    params.ftype = ftype(quant)
-    params.allow_requantize = True  # the shipped models are already quantised
-    params.nthread = n_threads or 0  # 0: all cores
-    llamacpp._recent_errors.clear()
     t0 = time.perf_counter()
-    rc = L.llama_model_quantize(str(source).encode(), str(out).encode(), params)
-    if rc != 0:
-        raise ModelError(f"llama.cpp could not requantise {source} to {quant}: {llamacpp._last_error()} "
-                         f"(free disk space in {out.parent}: {shutil.disk_usage(out.parent).free} bytes)")
+    try:
+        llamacpp.quantize(source, out, ftype(quant), n_threads)
+    except RuntimeError as exc:
+        raise ModelError(f"llama.cpp could not requantise {source} to {quant}: {exc} "
+                         f"(free disk space in {out.parent}: {shutil.disk_usage(out.parent).free} bytes)") from None
     return time.perf_counter() - t0
 
 

@@ -38,6 +38,7 @@ from ..backends.base import Backend
 from ..engine import Engine, RequestHandle
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
+from ..speculative.methods import get_method
 from .prom import RequestMetrics, ServerMetrics
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamError, Usage, _GenerationRequest,
                       api_error, chunk_body, response_body, validation_error)
@@ -103,9 +104,10 @@ class ServerState:
             self.draft: Backend | None = llm.draft  # loaded now: fail fast, and no lazy-load race
         except InvalidRequestError:  # no draft model configured
             self.draft = None
-        self.spec = config.default_spec or SpecConfig(method="sd-draft" if self.draft else "ar")
-        if self.spec.method == "sd-draft" and self.draft is None:
-            raise InvalidRequestError("the default method sd-draft needs a draft model (--draft)")
+        self.spec = config.default_spec or SpecConfig()
+        if get_method(self.spec.method).needs_draft(self.spec, has_draft=self.draft is not None) \
+                and self.draft is None:
+            raise InvalidRequestError(f"the default method {self.spec.method} needs a draft model (--draft)")
         self.model_id = config.model_id or Path(llm.target.name).stem
         self.engine = Engine(llm, config.max_concurrency, config.max_queue)
         self.metrics = ServerMetrics(lambda: self.engine.load)

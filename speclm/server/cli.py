@@ -16,8 +16,8 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from ..api import LLM, METHODS as METHOD_CHOICES, SpecConfig
-from ..cli import add_ssd_options, speculator_config
+from ..api import LLM
+from ..cli_options import add_spec_options, draft_for, spec_from_args, speculator_config
 from .app import ServerConfig, create_app
 
 
@@ -33,9 +33,6 @@ def add_serve_parser(subparsers) -> None:
                    "(default: qwen2.5-coder-1.5b)")
     s.add_argument("--draft", default=None, help="draft model for sd-draft: name or GGUF path "
                    "(default: qwen2.5-coder-0.5b when the target is the default)")
-    s.add_argument("--method", choices=METHOD_CHOICES, default=None,
-                   help="default method per request (default: sd-draft with a draft model, else ar)")
-    s.add_argument("--k", type=int, default=4, help="default draft tokens per round (default 4)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` "
@@ -50,7 +47,7 @@ def add_serve_parser(subparsers) -> None:
                    "(default: the target's name)")
     s.add_argument("--n-ctx", type=int, default=4096, help="context length per sequence")
     s.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    add_ssd_options(s)
+    add_spec_options(s)  # the defaults for requests that do not set `speculative`
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     s.set_defaults(func=cmd_serve)
 
@@ -66,14 +63,8 @@ def _model_id(args: argparse.Namespace) -> str:
 
 def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
     """Load the models (and warm them up) and build the app; the caller closes the LLM."""
-    from ..models.registry import DEFAULT_DRAFT
-    draft = args.draft
-    if draft is None and args.target is None and args.method in (None, "sd-draft", "ssd"):
-        draft = DEFAULT_DRAFT
-    spec = SpecConfig(method=args.method or ("sd-draft" if draft else "ar"), k=args.k, fanout=args.fanout,
-                      saguaro_c=args.saguaro_c, fallback=args.fallback, target_threads=args.target_threads,
-                      ssd_width=args.ssd_width, cheap_at_sessions=args.cheap_at_sessions)
-    llm = LLM(target=args.target, draft=draft, n_ctx=args.n_ctx, n_threads=args.threads,
+    spec = spec_from_args(args)
+    llm = LLM(target=args.target, draft=draft_for(args, spec), n_ctx=args.n_ctx, n_threads=args.threads,
               max_sequences=args.max_concurrency, speculator=speculator_config(args))
     try:
         config = ServerConfig(

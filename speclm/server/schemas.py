@@ -8,19 +8,20 @@ error body has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.requests import ClientDisconnect
 
-from ..api import METHODS, SpecConfig
+from ..api import SpecConfig
 from ..engine import EngineFullError
 from ..errors import BackendError, InvalidRequestError, SpeclmError
 from ..metrics import GenerationResult
 from ..sampling import SamplingParams
+from ..speculative.config import spec_options
+from ..speculative.methods import get_method
 
 if TYPE_CHECKING:
     from ..api import LLM
@@ -92,16 +93,14 @@ def validation_error(errors: list[dict]) -> APIError:
     return APIError(400, f"{param}: {msg}", param=loc[0])
 
 
-class SpeculativeOptions(BaseModel):
-    """The `speculative` extension: overrides the server's default per request."""
+def _speculative_options() -> type[BaseModel]:
+    """The `speculative` extension (overrides of the server's default per request):
+    one optional field per SpecConfig option declared `request=True`."""
+    fields: dict[str, Any] = {o.name: (o.kind | None, None) for o in spec_options() if o.request}
+    return create_model("SpeculativeOptions", __config__=ConfigDict(strict=True, extra="forbid"), **fields)
 
-    model_config = ConfigDict(strict=True, extra="forbid")
-    method: Literal[METHODS] | None = None  # type: ignore[valid-type]
-    k: int | None = None
-    ngram_min: int | None = None
-    ngram_max: int | None = None
-    fanout: int | None = None  # ssd
-    saguaro_c: float | None = None  # ssd
+
+SpeculativeOptions = _speculative_options()
 
 
 class StreamOptions(BaseModel):
@@ -148,9 +147,13 @@ class _GenerationRequest(BaseModel):
     def spec(self, default: SpecConfig, has_draft: bool) -> SpecConfig:
         """`default` with the request's `speculative` overrides (SpecConfig validates)."""
         opts = self.speculative.model_dump(exclude_none=True) if self.speculative else {}
-        if opts.get("method") in ("sd-draft", "ssd") and not has_draft:
-            raise ParamError(f"method {opts['method']} needs a draft model: this server has none", "speculative")
-        return dataclasses.replace(default, **opts)
+        try:
+            spec = default.with_options(**opts)
+        except InvalidRequestError as exc:
+            raise ParamError(str(exc), "speculative") from None
+        if "method" in opts and get_method(spec.method).needs_draft(spec, has_draft) and not has_draft:
+            raise ParamError(f"method {spec.method} needs a draft model: this server has none", "speculative")
+        return spec
 
     def prompt_ids(self, llm: LLM) -> list[int]:
         raise NotImplementedError

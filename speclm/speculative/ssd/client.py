@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from ...backends.base import Backend
 from ...errors import BackendError
 from ...sampling import SamplingParams
 from ..proposers.base import Draft, Proposer
-from .speculator import Block, SpeculatorSession, SSDOptions
-from .wire import block_from, decode, encode, params_to_dict, session_from_start
+from .options import SSDOptions
+from .speculator import Block
+from .wire import block_from, decode, encode, params_to_dict
 
 log = logging.getLogger("speclm.ssd")
 
@@ -209,47 +209,13 @@ class ZmqChannel:
         self.sock.close()
 
 
-class InlineChannel:
-    """The speculator in this process (tests, one-core runs). Before answering an
-    outcome it runs `predraft` pre-drafting units (None: all of them, a
-    complete cache; 0: none, so every outcome misses)."""
-
-    def __init__(self, backend: Backend, predraft: int | None = None):
-        self.backend, self.predraft = backend, predraft
-        self.session: SpeculatorSession | None = None
-
-    def send(self, header: dict) -> None:
-        self._pending = header
-
-    def receive(self) -> Block:
-        return self.request(self._pending)
-
-    def request(self, header: dict) -> Block:
-        op = header["op"]
-        if op == "start":
-            self.close()
-            self.session = session_from_start(self.backend, header)
-            self.session.deadline = self.predraft is not None
-            return self.session.start()
-        n = 0
-        while (self.predraft is None or n < self.predraft) and self.session.work():
-            n += 1
-        if op == "outcome":
-            return self.session.resolve(header["k"], header["t"])
-        return self.session.sync(header["context"])
-
-    def close(self) -> None:
-        if self.session is not None:
-            self.session.close()
-            self.session = None
-
-
 class SSDProposer(Proposer):
     """Proposes the speculator's blocks; falls back to `fallback()` if it is lost."""
 
-    def __init__(self, open_channel: Callable[[], object], opts: SSDOptions,
+    def __init__(self, open_channel: Callable[[], object], opts: SSDOptions, k: int,
                  fallback: Callable[[], Proposer], name: str = "ssd"):
-        self.open_channel, self.opts, self.make_fallback = open_channel, opts, fallback
+        """k: the block length the speculator drafts (SpecConfig.k)."""
+        self.open_channel, self.opts, self.k, self.make_fallback = open_channel, opts, k, fallback
         self.name = name
         self.channel = None
         self.sync_proposer: Proposer | None = None
@@ -270,7 +236,8 @@ class SSDProposer(Proposer):
 
     def _start_header(self, context: list[int], params: SamplingParams) -> dict:
         return {"op": "start", "context": list(context), "params": params_to_dict(params),
-                "opts": self.opts.to_dict(), "seed": params.seed}
+                "opts": self.opts.to_dict(), "k": self.k,
+                "seed": params.seed}
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:

@@ -27,37 +27,7 @@ from ...sampling import SamplingParams, sample, softmax, target_probs
 from ..proposers.draft_model import common_prefix_len
 from ..proposers.ngram import find_continuation
 from .fanout import AcceptanceEstimate, allocate_fanout, candidates, outcome_probs, saguaro
-
-FALLBACKS = ("auto", "neural", "cheap")
-
-
-@dataclass(frozen=True)
-class SSDOptions:
-    """Per-request SSD settings.
-
-    k: block length; fanout: total pre-drafted branches per round (B);
-    r: fan-out exponent (F_k ∝ P(k)^(1/(1+r))); saguaro_c / saguaro_top:
-    Saguaro sampling (c = 1 disables); fallback on a miss: "neural" (draft
-    synchronously), "cheap" (n-gram, one-hot q; empty block if no match) or
-    "auto" (neural while fewer than cheap_at_sessions sessions are live).
-    width: branches advanced per draft forward, most likely outcome first
-    (1: depth-first, best when one forward costs about its batch size, as on
-    CPUs; fanout: every branch in lockstep, as one batch, best on GPUs).
-    """
-
-    k: int = 4
-    fanout: int = 8
-    r: float = 1.0
-    saguaro_c: float = 1.0
-    saguaro_top: int = 3
-    fallback: str = "auto"
-    width: int = 1
-    cheap_at_sessions: int = 4
-    alpha_prior: float = 0.7
-
-    def to_dict(self) -> dict:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
-
+from .options import FALLBACKS, SSDOptions  # noqa: F401  (re-exported)
 
 @dataclass
 class Block:
@@ -87,8 +57,8 @@ class SpeculatorSession:
     """One request's speculation state on the speculator's draft backend."""
 
     def __init__(self, backend: Backend, context: list[int], params: SamplingParams,
-                 opts: SSDOptions, seed: int | None = None, live_sessions=lambda: 1):
-        self.backend, self.params, self.opts = backend, params, opts
+                 opts: SSDOptions, k: int, seed: int | None = None, live_sessions=lambda: 1):
+        self.backend, self.params, self.opts, self.k = backend, params, opts, k
         self.rng = np.random.default_rng(None if seed is None else [seed, 0x55D])
         self.live_sessions = live_sessions
         self.ctx: list[int] = list(context)
@@ -183,7 +153,7 @@ class SpeculatorSession:
         would wait for it): the cache stops growing there."""
         if not self.deadline or self.cycle_ms is None or self.step_ms is None or self.t_reply is None:
             return False
-        if not any(len(b.tokens) >= self.opts.k for b in self.branches.values()):
+        if not any(len(b.tokens) >= self.k for b in self.branches.values()):
             return False
         return (time.perf_counter() - self.t_reply) * 1000 + self.step_ms > self.cycle_ms
 
@@ -221,7 +191,7 @@ class SpeculatorSession:
     def _draft_step(self) -> bool:
         """One draft forward for the `width` most likely unfinished branches (one
         batch); False when every branch holds K tokens."""
-        todo = sorted((b for b in self.branches.values() if len(b.tokens) < self.opts.k),
+        todo = sorted((b for b in self.branches.values() if len(b.tokens) < self.k),
                       key=lambda b: -b.prior)[:max(1, self.opts.width)]
         if not todo:
             return False
@@ -252,17 +222,17 @@ class SpeculatorSession:
         keep = min(common_prefix_len(self.backend.tokens(self.main), new_ctx), len(new_ctx) - 1)
         self.backend.rollback(self.main, keep)
         if not neural:
-            tokens = find_continuation(new_ctx, self.opts.k, 2, 4)
+            tokens = find_continuation(new_ctx, self.k, 2, 4)
             self._set(new_ctx, tokens, [None] * len(tokens), [], hit=False)
             return Block(tokens, [None] * len(tokens), False, {"fallback": "cheap"})
         logits = self.backend.prefill(self.main, new_ctx[keep:])
         tokens, qs, rows = [], [], []
-        for i in range(self.opts.k):
+        for i in range(self.k):
             tok, q = self._draw(logits)
             tokens.append(tok)
             qs.append(q)
             rows.append(logits)
-            if i + 1 < self.opts.k:
+            if i + 1 < self.k:
                 logits = self.backend.prefill(self.main, [tok])
         self._set(new_ctx, tokens, qs, rows, hit=False)
         return Block(tokens, qs, False, {"fallback": "neural"})

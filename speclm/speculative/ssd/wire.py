@@ -5,7 +5,7 @@ scalar fields; each array frame is a raw little-endian float64 distribution
 (the exact q a drafted token was drawn from). No pickle: a speculator on
 another machine cannot make the verifier execute anything.
 
-Requests:  {"op": "hello"} | {"op": "start", "sid", "context", "params", "opts", "seed"}
+Requests:  {"op": "hello"} | {"op": "start", "sid", "context", "params", "opts", "k", "seed"}
            | {"op": "outcome", "sid", "k", "t"} | {"op": "sync", "sid", "context"}
            | {"op": "close", "sid"} | {"op": "stats"} | {"op": "shutdown"}
 Replies:   {"ok": true, ...} with a block as "tokens", "q_index" (positions
@@ -20,7 +20,8 @@ from dataclasses import asdict
 import numpy as np
 
 from ...sampling import SamplingParams
-from .speculator import Block, SpeculatorSession, SSDOptions
+from .options import SSDOptions
+from .speculator import Block, SpeculatorSession
 
 
 def encode(header: dict, arrays: list[np.ndarray] = ()) -> list[bytes]:
@@ -62,4 +63,4 @@ def opts_from(d: dict) -> SSDOptions:
 def session_from_start(backend, header: dict, live_sessions=lambda: 1) -> SpeculatorSession:
     """The speculator session a "start" request asks for."""
     return SpeculatorSession(backend, header["context"], params_from(header["params"]), opts_from(header["opts"]),
-                             header.get("seed"), live_sessions=live_sessions)
+                             header["k"], header.get("seed"), live_sessions=live_sessions)

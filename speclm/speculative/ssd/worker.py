@@ -51,7 +51,7 @@ def load_model(spec: str, n_ctx: int, threads: int | None, max_sequences: int) -
     if spec.startswith(TOY_PREFIX):
         from ...backends.toy import ToyBackend
         return ToyBackend(**json.loads(spec[len(TOY_PREFIX):]))
-    from ...api import load_backend
+    from ...backends.load import load_backend
     return load_backend(spec, n_ctx, threads, max_sequences)
 
 

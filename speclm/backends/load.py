@@ -1,0 +1,35 @@
+"""A Backend from what a user names: a registered model, a NAME@QUANT variant,
+a GGUF path, or a Backend object passed through; and the draft↔target
+tokenizer check every draft model must pass."""
+
+from __future__ import annotations
+
+from ..errors import TokenizerMismatchError
+from .base import Backend
+
+
+def load_backend(model: str | Backend, n_ctx: int = 4096, n_threads: int | None = None,
+                 max_sequences: int = 4) -> Backend:
+    """A Backend from a registered model name, a GGUF path, or a Backend as is."""
+    if isinstance(model, Backend):
+        return model
+    from ..models.catalog import resolve_model
+    from .llamacpp import LlamaCppBackend
+    return LlamaCppBackend(resolve_model(model), n_ctx=n_ctx, n_threads=n_threads, n_seq_max=max_sequences)
+
+
+def check_tokenizers(target: Backend, draft: Backend) -> None:
+    """Raise TokenizerMismatchError unless every id both vocabularies hold
+    decodes to the same bytes (ids beyond the shared range never match the
+    target and are simply rejected)."""
+    shared = min(target.vocab_size, draft.vocab_size)
+    if shared < 0.9 * max(target.vocab_size, draft.vocab_size):
+        raise TokenizerMismatchError(
+            f"draft {draft.name} has {draft.vocab_size} tokens, target {target.name} has "
+            f"{target.vocab_size}: they are different tokenizers; pick a draft from the target's family")
+    for tid in range(shared):
+        a, b = target.token_bytes(tid), draft.token_bytes(tid)
+        if a != b:
+            raise TokenizerMismatchError(
+                f"draft {draft.name} and target {target.name} disagree on token id {tid} "
+                f"({b!r} vs {a!r}): they use different tokenizers; pick a draft from the target's family")

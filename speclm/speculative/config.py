@@ -1,0 +1,83 @@
+"""SpecConfig: how one request speculates. Its fields are declared with
+`option(...)`, so the CLIs' flags and the server's request fields come from
+here; method-owned settings are nested dataclasses (`ssd`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequestError
+from ..sampling import is_int
+from .methods import DEFAULT_METHOD, get_method, method_names, selectable_proposals
+from .options import Option, option, options_of
+from .proposers.ngram import check_ngram_sizes
+from .ssd.options import SSDOptions
+
+MAX_K = 32
+SECTIONS = {"ssd": SSDOptions}  # SpecConfig field -> the dataclass of a method's own settings
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How to speculate (`speclm.speculative.methods` lists the methods).
+
+    k: draft tokens per round (for adaptive methods: the maximum). proposer:
+    what an adaptive method drafts with (None: the draft model when the LLM
+    has one, else prompt lookup). ssd: SSD's own settings.
+    """
+
+    method: str = option(DEFAULT_METHOD, "speculation method (default auto: K chosen every round from "
+                         "measured costs, plain decoding when speculation does not pay)",
+                         choices=method_names, request=True)
+    k: int = option(4, "draft tokens per round (for auto/heuristic: the maximum)", request=True)
+    proposer: str | None = option(None, "what auto/heuristic draft with (default: the draft model if any, "
+                                  "else n-gram)", choices=selectable_proposals)
+    p_min: float = option(0.0, "draft model: stop drafting when its top-1 probability falls below this")
+    ngram_min: int = option(2, "prompt lookup: shortest n-gram matched", request=True)
+    ngram_max: int = option(4, "prompt lookup: longest n-gram matched", request=True)
+    target_threads: int | None = option(None, "target threads for this request (default: the LLM's; "
+                                        "ssd: --threads minus the speculator's)", kind=int)
+    ssd: SSDOptions = dataclasses.field(default_factory=SSDOptions)
+
+    def __post_init__(self) -> None:
+        method = get_method(self.method)
+        if method.uses_k and (not is_int(self.k) or not 1 <= self.k <= MAX_K):
+            raise InvalidRequestError(f"K must be an integer in [1, {MAX_K}] for {self.method}, got {self.k!r}")
+        if self.proposer is not None and self.proposer not in selectable_proposals():
+            raise InvalidRequestError(f"proposer must be one of {', '.join(selectable_proposals())}, "
+                                      f"got {self.proposer!r}")
+        if "ngram" in (method.proposal, self.proposer):
+            check_ngram_sizes(self.ngram_min, self.ngram_max)
+        if not isinstance(self.p_min, (int, float)) or not 0.0 <= self.p_min < 1.0:
+            raise InvalidRequestError(f"p_min must be in [0, 1) (--p-min), got {self.p_min!r}")
+        if self.target_threads is not None and (not is_int(self.target_threads) or self.target_threads < 1):
+            raise InvalidRequestError(f"target_threads must be an integer >= 1, got {self.target_threads!r}")
+        if not isinstance(self.ssd, SSDOptions):
+            raise InvalidRequestError(f"ssd must be an SSDOptions, got {type(self.ssd).__name__}")
+
+    @property
+    def effective_k(self) -> int:
+        return self.k if get_method(self.method).uses_k else 0
+
+    def with_options(self, **values: Any) -> SpecConfig:
+        """A copy with options set by their flat names (`fanout` sets ssd.fanout); validated."""
+        top, nested = {}, {s: {} for s in SECTIONS}
+        for opt in spec_options():
+            if opt.name in values:
+                (top if opt.section is None else nested[opt.section])[opt.name] = values.pop(opt.name)
+        if values:
+            raise InvalidRequestError(f"unknown speculative option(s): {', '.join(sorted(values))}")
+        for section, changes in nested.items():
+            if changes:
+                top[section] = dataclasses.replace(getattr(self, section), **changes)
+        return dataclasses.replace(self, **top)
+
+
+def spec_options() -> list[Option]:
+    """Every declared option of SpecConfig and of its method sections."""
+    out = list(options_of(SpecConfig))
+    for section, cls in SECTIONS.items():
+        out.extend(options_of(cls, section))
+    return out

@@ -1,0 +1,172 @@
+"""The method table: every speculation method, one `Method` record each.
+
+The API, the three CLIs (generate, bench, serve), the server's request
+validation and the bench read this table and nothing else. Adding a method is
+one `register(Method(...))` here (plus its proposer file, and a `Proposal`
+record if it drafts in a new way).
+
+A record's factories receive the `LLM` (which owns the models, the SSD
+speculator and the shared cost models) and the request's `SpecConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequestError
+from .controller import GoodputController, HeuristicController
+from .proposers.base import Proposer
+from .proposers.draft_model import DraftModelProposer
+from .proposers.ngram import NgramProposer
+
+# The records' factories take (llm, spec): a speclm.api.LLM and a
+# speculative.config.SpecConfig. Neither is imported: both sit above this table.
+LLM = SpecConfig = Any
+Factory = Callable[[LLM, SpecConfig], Any]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A way of drafting: how to build its proposer, and whether it needs the draft model.
+
+    selectable: adaptive methods may draft with it (`SpecConfig.proposer`)."""
+
+    name: str
+    make: Callable[[LLM, SpecConfig], Proposer]
+    needs_draft: bool = False
+    selectable: bool = True
+    description: str = ""
+
+
+def _ssd_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
+    from .ssd.client import SSDProposer
+    return SSDProposer(llm.speculator().open, spec.ssd, k=spec.k,
+                       fallback=lambda: DraftModelProposer(llm.draft), name=f"ssd:{llm.draft.name}")
+
+
+PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
+    Proposal("draft", lambda llm, spec: DraftModelProposer(llm.draft, p_min=spec.p_min), needs_draft=True,
+             description="the draft model, sampled with the request's settings"),
+    Proposal("ngram", lambda llm, spec: NgramProposer(spec.ngram_min, spec.ngram_max),
+             description="prompt lookup: copy what followed the latest earlier n-gram match"),
+    Proposal("ssd", _ssd_proposer, needs_draft=True, selectable=False,
+             description="the SSD speculator's pre-drafted blocks"),
+)}
+NO_MODEL_PROPOSAL = "ngram"  # what an adaptive method drafts with when the LLM has no draft model
+
+
+def _request_threads(llm: LLM, spec: SpecConfig) -> int | None:
+    return spec.target_threads
+
+
+def _ssd_threads(llm: LLM, spec: SpecConfig) -> int | None:
+    """A local speculator gets its own threads; the target keeps the rest (at least 1)."""
+    if spec.target_threads is not None:
+        return spec.target_threads
+    cfg = llm.speculator().cfg
+    base = getattr(llm.target, "n_threads", None)
+    if cfg.addr is not None or base is None:
+        return None
+    return max(1, base - (cfg.threads or 1))
+
+
+def _goodput(llm: LLM, spec: SpecConfig) -> GoodputController:
+    return GoodputController(llm.cost_model(llm.proposal_of(spec), spec.k), k_max=spec.k)
+
+
+def _heuristic(llm: LLM, spec: SpecConfig) -> HeuristicController:
+    return HeuristicController(k_init=min(spec.k, 4), k_max=spec.k)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One speculation method.
+
+    proposal: a PROPOSALS key (None: plain decoding, K = 0); adaptive: the
+    request's `proposer` may replace it (and without a draft model it becomes
+    NO_MODEL_PROPOSAL); controller(llm, spec): picks K each round (None: fixed
+    K); threads(llm, spec): the target's compute threads for the request.
+    proposal may also be a Proposal record, which register() adds to PROPOSALS.
+    """
+
+    name: str
+    description: str
+    proposal: str | Proposal | None = None
+    adaptive: bool = False
+    controller: Factory | None = None
+    threads: Factory = _request_threads
+    in_default_bench: bool = False  # `speclm bench` runs it unless --methods says otherwise
+    sync_twin: str | None = None  # the method drafting alike but synchronously (the bench's SSD projection)
+
+    @property
+    def uses_k(self) -> bool:
+        return self.proposal is not None
+
+    def proposal_for(self, spec: SpecConfig, has_draft: bool) -> str | None:
+        """The PROPOSALS key this request drafts with (None: plain decoding)."""
+        if not self.adaptive:
+            return self.proposal
+        if spec.proposer is not None:
+            return spec.proposer
+        return self.proposal if has_draft or not PROPOSALS[self.proposal].needs_draft else NO_MODEL_PROPOSAL
+
+    def needs_draft(self, spec: SpecConfig, has_draft: bool = True) -> bool:
+        kind = self.proposal_for(spec, has_draft)
+        return kind is not None and PROPOSALS[kind].needs_draft
+
+
+METHODS: dict[str, Method] = {}
+DEFAULT_METHOD = "auto"  # never measurably slower than plain decoding: it falls back to it
+
+
+def register(method: Method) -> Method:
+    """Add (or replace) a method; every surface sees it from then on."""
+    if isinstance(method.proposal, Proposal):
+        PROPOSALS[method.proposal.name] = method.proposal
+        method = dataclasses.replace(method, proposal=method.proposal.name)
+    if method.proposal is not None and method.proposal not in PROPOSALS:
+        raise ValueError(f"method {method.name}: unknown proposal {method.proposal!r}")
+    METHODS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove a method (and its proposal, when no other method drafts with it)."""
+    method = METHODS.pop(name, None)
+    if method is not None and method.proposal is not None and not PROPOSALS[method.proposal].selectable \
+            and all(m.proposal != method.proposal for m in METHODS.values()):
+        PROPOSALS.pop(method.proposal, None)
+
+
+def get_method(name: str) -> Method:
+    """The method `name`; InvalidRequestError listing the known names otherwise."""
+    try:
+        return METHODS[name]
+    except (KeyError, TypeError):
+        raise InvalidRequestError(f"unknown method {name!r}: choose one of {', '.join(METHODS)}") from None
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(METHODS)
+
+
+def selectable_proposals() -> tuple[str, ...]:
+    return tuple(name for name, p in PROPOSALS.items() if p.selectable)
+
+
+register(Method("ar", "plain autoregressive decoding (the baseline)", in_default_bench=True))
+register(Method("sd-draft", "speculative decoding with a draft model, fixed K", proposal="draft",
+                in_default_bench=True))
+register(Method("sd-ngram", "speculative decoding with prompt lookup (n-gram), fixed K", proposal="ngram",
+                in_default_bench=True))
+register(Method("auto", "goodput controller: K chosen every round from measured costs and acceptance, "
+                        "K = 0 (plain decoding) when speculation does not pay",
+                proposal="draft", adaptive=True, controller=_goodput))
+register(Method("heuristic", "K += 2 after a full acceptance, else K -= 1 (up to k)",
+                proposal="draft", adaptive=True, controller=_heuristic))
+register(Method("ssd", "speculative speculative decoding: a speculator process pre-drafts the next block "
+                       "for the likely outcomes while the target verifies", proposal="ssd", threads=_ssd_threads,
+                sync_twin="sd-draft"))
