@@ -2,9 +2,19 @@
 
 One definition each, used by the CLI, the API, bench and the server:
 - acceptance rate            = Σ a_r / Σ K_r
-- mean acceptance length     = Σ (a_r + 1) / rounds   (tokens per target forward)
+- mean acceptance length     = Σ e_r / rounds   (tokens per target forward)
 - per-position acceptance[j] = #(a_r ≥ j) / #(K_r ≥ j), j = 1..max K
 - accepted progress per ms   = emitted tokens / wall ms
+
+Delivered accounting: a_r (accepted) and e_r (emitted) count only tokens the
+user received. A round normally delivers its a_r accepted draft tokens plus
+its last token (correction or bonus), e_r = a_r + 1. When EOS, a stop string
+or max_new_tokens ends the request inside a round, the round's tokens after
+the cut (the EOS token itself included) are counted in `discarded`, not in
+a_r or e_r: Σ e_r over a request equals len(result.token_ids) exactly. The
+acceptance rate is therefore the share of drafted tokens that reached the
+output; the verifier's own count is `verified` (= a_r + discarded drafts),
+and the rejection position comes from it (a stop is not a rejection).
 """
 
 from __future__ import annotations
@@ -17,25 +27,37 @@ class RoundRecord:
     """One draft → score → accept → resample round."""
 
     proposed: int  # K_r
-    accepted: int  # a_r
+    accepted: int  # a_r: draft tokens accepted by the target AND delivered
     draft_ms: float
     verify_ms: float
     other_ms: float
     note: str | None = None  # why this K was chosen (adaptive controllers)
     info: dict | None = None  # the proposer's facts about this round (SSD: hit, fan-out, waits)
+    # tokens the round produced (accepted drafts, then its last token) but never
+    # delivered: cut by EOS (the EOS token counts here), a stop string or the length
+    discarded: int = 0
+    batch_tokens: int | None = None  # tokens of the whole forward when other requests shared it
 
     @property
     def emitted(self) -> int:
-        return self.accepted + 1
+        """e_r: tokens delivered by this round. A cut drops a suffix of the
+        round's tokens, so its last token was delivered iff nothing was discarded."""
+        return self.accepted + (1 if self.discarded == 0 else 0)
+
+    @property
+    def verified(self) -> int:
+        """Draft tokens the target accepted, delivered or not (the verifier's a)."""
+        return self.accepted + max(0, self.discarded - 1)
 
     @property
     def rejection_position(self) -> int | None:
         """1-based position of the first rejected draft token, None if all accepted."""
-        return self.accepted + 1 if self.accepted < self.proposed else None
+        return self.verified + 1 if self.verified < self.proposed else None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["emitted"] = self.emitted
+        d["verified"] = self.verified
         d["rejection_position"] = self.rejection_position
         return d
 
@@ -44,8 +66,8 @@ class RoundRecord:
 class Summary:
     rounds: int
     proposed: int
-    accepted: int
-    output_tokens: int
+    accepted: int  # Σ a_r (delivered)
+    output_tokens: int  # tokens delivered (= Σ e_r when every token came from a round)
     acceptance_rate: float | None  # None when nothing was proposed (AR)
     mean_acceptance_length: float | None
     per_position_acceptance: list[float]
@@ -59,6 +81,7 @@ class Summary:
     verify_ms: float
     other_ms: float
     cache_hit_rate: float | None = None  # SSD: rounds whose block was pre-drafted / rounds
+    discarded: int = 0  # Σ discarded: produced by a round, never delivered (EOS / stop / length cut)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,7 +99,7 @@ def per_position_acceptance(rounds: list[RoundRecord]) -> list[float]:
 def summarize(rounds: list[RoundRecord], output_tokens: int, wall_ms: float,
               ttft_ms: float | None, prefill_ms: float = 0.0) -> Summary:
     """Aggregate a request's rounds. `output_tokens` counts tokens actually
-    emitted to the user (a stop can cut a round's tail)."""
+    delivered to the user (the rounds' Σ e_r; a stop can cut a round's tail)."""
     proposed = sum(r.proposed for r in rounds)
     accepted = sum(r.accepted for r in rounds)
     n = len(rounds)
@@ -101,6 +124,7 @@ def summarize(rounds: list[RoundRecord], output_tokens: int, wall_ms: float,
         verify_ms=sum(r.verify_ms for r in rounds),
         other_ms=sum(r.other_ms for r in rounds),
         cache_hit_rate=cache_hit_rate(rounds),
+        discarded=sum(r.discarded for r in rounds),
     )
 
 

@@ -36,15 +36,24 @@ class StopChecker:
         self.token_ids.append(token)
         self._bytes += self.backend.token_bytes(token)
         self.text = _decode_complete(self._bytes)
-        for s in self.params.stop:
-            at = self.text.find(s, max(0, self._released - len(s) + 1))
-            if at != -1:
-                self.text = self.text[:at]
-                self.finished = "stop"
-                return self._release(final=True)
+        at = self._earliest_stop()
+        if at is not None:
+            self.text = self.text[:at]
+            self.finished = "stop"
+            return self._release(final=True)
         if len(self.token_ids) >= self.params.max_new_tokens:
             return self._finish("length")
         return self._release(final=False)
+
+    def _earliest_stop(self) -> int | None:
+        """Where the earliest stop-string match starts in the text (None: no match).
+
+        The earliest position wins, not the first string in list order:
+        stop=("b", "ab") on "cab" cuts at "c". Only matches that end in the
+        not-yet-released tail can be new, so the search starts there.
+        """
+        hits = [self.text.find(s, max(0, self._released - len(s) + 1)) for s in self.params.stop]
+        return min((at for at in hits if at != -1), default=None)
 
     def finish_length(self) -> str:
         """The context filled up: release whatever is held."""

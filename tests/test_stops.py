@@ -9,6 +9,7 @@ from speclm.backends.toy import ToyBackend
 from speclm.sampling import SamplingParams
 from speclm.speculative import loop
 from speclm.speculative.proposers.ngram import NgramProposer
+from speclm.stops import StopChecker
 
 
 def _plain_text(target, prompt, n):
@@ -39,6 +40,32 @@ def test_stop_string_cuts_text_and_nothing_after_it_is_emitted(k):
     assert res.text == full[:first]
     assert "".join(streamed) == res.text
     assert len(res.token_ids) == first + len(stop)  # the token that completed the stop, none after
+
+
+@pytest.mark.parametrize("stop", [("b", "ab"), ("ab", "b")])
+def test_the_earliest_stop_match_wins_whatever_the_list_order(stop):
+    """With several stop strings the text is cut where the earliest match
+    starts, not at the first string in list order: "cab" with stop b / ab
+    gives "c", and the released stream agrees with the final text."""
+    checker = StopChecker(ToyBackend(6), SamplingParams(stop=stop))
+    released = "".join(checker.push(tok) for tok in (2, 0, 1))  # "c", "a", "b"
+    assert checker.finished == "stop"
+    assert checker.text == released == "c"
+
+
+def test_earliest_stop_match_through_the_loop():
+    """The same rule in a speculative generation: two stop strings complete on
+    the same token, the one listed first starts later; the cut is at the
+    start of the other (the earlier match)."""
+    target = ToyBackend(6, seed=3)  # greedy text "caffeeaabc…"
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]
+    full = _plain_text(target, prompt, 30).text
+    # j: full[j:j+2] and full[j-1:j+2] both first occur here, so both complete at j+1
+    j = next(j for j in range(3, 27) if full.find(full[j:j + 2]) == j and full.find(full[j - 1:j + 2]) == j - 1)
+    later, earlier = full[j:j + 2], full[j - 1:j + 2]
+    res = loop.generate(target, NgramProposer(1, 3), prompt,
+                        SamplingParams(max_new_tokens=30, stop=(later, earlier)), 4)
+    assert res.finish_reason == "stop" and res.text == full[:j - 1]
 
 
 @pytest.mark.parametrize("seed", [16, 19])  # seeds whose greedy text reaches EOS after 6 / 4 tokens

@@ -1,0 +1,326 @@
+"""Every method, through the public API, samples exactly the target's distribution.
+
+The harness (tests/stats.py, `check_conditionals`): each case draws n
+independent generations on the exact toy backend (vocabulary 5) with
+`LLM(target=ToyBackend, draft=ToyBackend).generate(prompt_ids, SamplingParams,
+SpecConfig)` and keeps the first K + 3 tokens, so the first round's bonus
+token (from p_{K+1}) and a second round are always inside the window. For
+every depth t it pools the likelihood-ratio statistic of every conditional
+"token t given the t − 1 before it" against the enumerated target
+conditional; the threshold comes from the sample counts by a finite-sample
+bound (Agrawal's MGF bound for the multinomial KL, Markov, union over depths
+and λ), so a correct implementation fails a case with probability < 1e-6.
+EOS and stop strings are part of the outcome: a sequence may end early only
+at EOS or a completed stop string, and never continues past one.
+
+Grid (every method and every setting appears; not the cross product):
+
+| case                      | method (proposer)  | K | setting                              |
+| ------------------------- | ------------------ | - | ------------------------------------ |
+| ar-t1.0                   | ar (window 6)      | 0 | temperature 1.0                      |
+| sd-draft-t0.3             | sd-draft (unlike)  | 3 | temperature 0.3                      |
+| sd-draft-t1.0             | sd-draft (unlike)  | 3 | temperature 1.0                      |
+| sd-draft-close-t1.0       | sd-draft (close)   | 3 | temperature 1.0 (many bonus tokens)  |
+| sd-draft-t2.0             | sd-draft (unlike)  | 4 | temperature 2.0                      |
+| sd-draft-topk3-topp0.5    | sd-draft (unlike)  | 3 | top-k 3 + top-p 0.5                  |
+| sd-draft-minp0.2          | sd-draft (unlike)  | 3 | min-p 0.2                            |
+| sd-draft-pmin-t1.5-p-minp | sd-draft, p_min 0.4| 4 | temperature 1.5 + top-p 0.9 + min-p 0.1 |
+| sd-draft-eos              | sd-draft (unlike)  | 3 | temperature 1.0, EOS in the vocabulary |
+| sd-ngram-t1.0             | sd-ngram           | 3 | temperature 1.0                      |
+| sd-ngram-t1.5-p-minp      | sd-ngram           | 3 | temperature 1.5 + top-p 0.9 + min-p 0.1 |
+| auto-draft-t1.0           | auto (draft)       | 3 | temperature 1.0                      |
+| auto-ngram-topk3-topp0.5  | auto (ngram)       | 3 | top-k 3 + top-p 0.5                  |
+| heuristic-draft-minp0.2   | heuristic (draft)  | 4 | min-p 0.2                            |
+| heuristic-ngram-stop      | heuristic (ngram)  | 3 | temperature 1.0, two stop strings    |
+| ssd-t1.0                  | ssd (defaults; speculator process) | 3 | temperature 1.0        |
+| sd-suffix-t1.0            | sd-suffix (cache of earlier runs) | 3 | temperature 1.0         |
+| auto-suffix-topk3-topp0.5 | auto (suffix, per-token estimates) | 3 | top-k 3 + top-p 0.5    |
+
+The suffix cases run every generation on one LLM, so each draws from a cache
+filled by the earlier generations (other seeds: text that differs from this
+request's own sample path).
+
+Filters (top-k/top-p/min-p) run at K ≥ 3 throughout. The unlike draft has
+another seed and is flatter than the target; the close draft shares the
+target's table (flatter), so most rounds are fully accepted. `auto` runs on
+frozen synthetic costs under which speculation pays (the toy's microsecond
+timings would make its K choice depend on machine load).
+
+Negative controls (the same harness must reject them, on a grid case the
+real code passes, with N_NEGATIVE = 3000 generations): a bonus token drawn
+from p_K instead of p_{K+1} (sd-draft-close-t1.0; measured S/threshold 6.2 at
+depth 4); a draft whose q is reported without the min-p filter it was sampled
+with (sd-draft-minp0.2; 5.8 at depth 1); accepting every draft token (55).
+Under the real code every case stays below 0.4 of its threshold.
+
+Sample sizes: N = 4000 per case (ssd 2000: each round is a round trip to the
+speculator process). The file ran in 93 s on 2 cores shared with other work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from speclm import LLM, SamplingParams, SpecConfig
+from speclm.backends.toy import TOY_ALPHABET, ToyBackend
+from speclm.metrics import GenerationResult, RoundRecord
+from speclm.sampling import sample, target_probs
+from speclm.speculative import loop
+from speclm.speculative.controller import CostModel
+from speclm.speculative.proposers.draft_model import DraftModelProposer
+
+from .stats import Verdict, check_conditionals
+
+V = 5
+EOS = 3  # token "d" ends the text in the EOS case
+PROMPT = [0, 1, 2, 0, 1]  # repeats itself, so prompt lookup finds matches
+N = 4000  # generations per grid case
+N_SSD = 2000  # ssd round-trips to a speculator process: ~6x the cost of a round
+N_NEGATIVE = 3000
+
+
+def make_target(eos: bool = False) -> ToyBackend:
+    return ToyBackend(V, seed=11, order=2, sharpness=1.2, eos_id=EOS if eos else None)
+
+
+def unlike_draft() -> ToyBackend:
+    """Another table, flatter than the target: many rejections."""
+    return ToyBackend(V, seed=99, order=2, sharpness=0.7)
+
+
+def close_draft() -> ToyBackend:
+    """The target's own table, a little flatter: most rounds fully accepted."""
+    return ToyBackend(V, seed=11, order=2, sharpness=1.0)
+
+
+class FrozenCosts(CostModel):
+    """A cost curve on which speculation pays; it does not learn the toy's timings."""
+
+    def __init__(self) -> None:
+        super().__init__(verify_ms={1: 1.0, 2: 1.04, 3: 1.08, 4: 1.12, 5: 1.16}, draft_ms_per_token=0.02)
+
+    def observe(self, rec: RoundRecord) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    spec: SpecConfig
+    sampling: dict = field(default_factory=dict)
+    draft: Callable[[], ToyBackend] = unlike_draft
+    eos: bool = False
+    stop: tuple[str, ...] = ()
+    n: int = N
+
+    @property
+    def n_tokens(self) -> int:
+        return self.spec.k + 3
+
+    def params(self, seed: int | None = None) -> SamplingParams:
+        return SamplingParams(seed=seed, max_new_tokens=self.n_tokens, stop=self.stop, **self.sampling)
+
+
+T1 = dict(temperature=1.0)
+FILTERS = dict(temperature=1.0, top_k=3, top_p=0.5)
+MIN_P = dict(temperature=1.0, min_p=0.2)
+HOT_FILTERS = dict(temperature=1.5, top_p=0.9, min_p=0.1)
+GRID = [
+    Case("ar-t1.0", SpecConfig(method="ar", k=3), T1),
+    Case("sd-draft-t0.3", SpecConfig(method="sd-draft", k=3), dict(temperature=0.3)),
+    Case("sd-draft-t1.0", SpecConfig(method="sd-draft", k=3), T1),
+    Case("sd-draft-close-t1.0", SpecConfig(method="sd-draft", k=3), T1, draft=close_draft),
+    Case("sd-draft-t2.0", SpecConfig(method="sd-draft", k=4), dict(temperature=2.0)),
+    Case("sd-draft-topk3-topp0.5", SpecConfig(method="sd-draft", k=3), FILTERS),
+    Case("sd-draft-minp0.2", SpecConfig(method="sd-draft", k=3), MIN_P),
+    Case("sd-draft-pmin-t1.5-p-minp", SpecConfig(method="sd-draft", k=4, p_min=0.4), HOT_FILTERS),
+    Case("sd-draft-eos", SpecConfig(method="sd-draft", k=3), T1, eos=True),
+    Case("sd-ngram-t1.0", SpecConfig(method="sd-ngram", k=3, ngram_min=1, ngram_max=3), T1),
+    Case("sd-ngram-t1.5-p-minp", SpecConfig(method="sd-ngram", k=3, ngram_min=1, ngram_max=3), HOT_FILTERS),
+    Case("auto-draft-t1.0", SpecConfig(method="auto", k=3, proposer="draft"), T1),
+    Case("auto-ngram-topk3-topp0.5", SpecConfig(method="auto", k=3, proposer="ngram", ngram_min=1), FILTERS),
+    Case("heuristic-draft-minp0.2", SpecConfig(method="heuristic", k=4, proposer="draft"), MIN_P),
+    Case("heuristic-ngram-stop", SpecConfig(method="heuristic", k=3, proposer="ngram", ngram_min=1),
+         T1, stop=("ad", "cb")),
+    Case("ssd-t1.0", SpecConfig(method="ssd", k=3), T1, n=N_SSD),
+    Case("sd-suffix-t1.0", SpecConfig(method="sd-suffix", k=3), T1),
+    Case("auto-suffix-topk3-topp0.5", SpecConfig(method="auto", k=3, proposer="suffix"), FILTERS),
+]
+CASES = {c.name: c for c in GRID}
+
+
+@dataclass
+class Trace:
+    """What the generations of one case exercised (besides their tokens)."""
+
+    samples: list[tuple[int, ...]] = field(default_factory=list)
+    rounds: int = 0
+    with_acceptance: int = 0  # rounds whose target accepted >= 1 draft token
+    with_rejection: int = 0
+    full: int = 0  # rounds with K >= 1, every draft accepted: a bonus token from p_{K+1}
+    second_round: int = 0  # generations that ran >= 2 rounds
+    short_first: int = 0  # first rounds that proposed fewer than K tokens
+    ks: set[int] = field(default_factory=set)
+    ended: dict[str, int] = field(default_factory=dict)  # early ends (< K + 3 tokens) by cause
+    miscounted: int = 0  # generations whose Σ emitted != len(token_ids)
+    speculated: int = 0  # rounds served through an SSD speculator (hit or miss)
+    hits: int = 0  # of those, blocks pre-drafted in time (timing-dependent)
+
+    def add(self, res: GenerationResult, y: tuple[int, ...], case: Case) -> None:
+        self.samples.append(y)
+        self.rounds += len(res.rounds)
+        self.with_acceptance += sum(r.verified > 0 for r in res.rounds)
+        self.with_rejection += sum(r.rejection_position is not None for r in res.rounds)
+        self.full += sum(r.proposed > 0 and r.rejection_position is None for r in res.rounds)
+        self.second_round += len(res.rounds) >= 2
+        self.short_first += res.rounds[0].proposed < case.spec.k
+        self.ks.update(r.proposed for r in res.rounds)
+        if len(res.token_ids) < case.n_tokens:
+            cause = "eos" if y[-1:] == (EOS,) and case.eos else "stop"
+            self.ended[cause] = self.ended.get(cause, 0) + 1
+        self.miscounted += sum(r.emitted for r in res.rounds) != len(res.token_ids)
+        ssd = [r for r in res.rounds if r.info and "hit" in r.info]
+        self.speculated += len(ssd)
+        self.hits += sum(bool(r.info["hit"]) for r in ssd)
+
+
+def text_of(tokens: tuple[int, ...]) -> str:
+    return "".join(TOY_ALPHABET[t] for t in tokens)
+
+
+def terminal(case: Case) -> Callable[[tuple[int, ...]], bool]:
+    """After this prefix the target stops: EOS was drawn, or a stop string completed."""
+    def is_terminal(prefix: tuple[int, ...]) -> bool:
+        if case.eos and prefix[-1:] == (EOS,):
+            return True
+        return any(s in text_of(prefix) for s in case.stop)
+    return is_terminal
+
+
+def run_case(case: Case, n: int | None = None) -> Trace:
+    """n generations through the public API, seeds 0..n-1."""
+    llm = LLM(target=make_target(case.eos), draft=case.draft())
+    costs = FrozenCosts()
+    llm.cost_model = lambda *args, **kwargs: costs  # auto: frozen synthetic costs (see docstring)
+    is_terminal, trace = terminal(case), Trace()
+    try:
+        for i in range(case.n if n is None else n):
+            res = llm.generate(PROMPT, case.params(seed=i), case.spec)
+            y = tuple(res.token_ids[:case.n_tokens])
+            if case.eos and len(y) < case.n_tokens and not is_terminal(y) and res.finish_reason == "stop":
+                y += (EOS,)  # ended by EOS (never in token_ids): EOS is the outcome's last token
+            trace.add(res, y, case)
+    finally:
+        llm.close()
+    return trace
+
+
+def verdict(case: Case, samples: list[tuple[int, ...]]) -> Verdict:
+    target, params, memo = make_target(case.eos), case.params(), {}
+
+    def next_probs(prefix: tuple[int, ...]) -> np.ndarray:
+        if prefix not in memo:
+            memo[prefix] = target_probs(target.logits_for([*PROMPT, *prefix]), params)
+        return memo[prefix]
+
+    return check_conditionals(samples, case.n_tokens, next_probs, terminal(case))
+
+
+# ---- the grid ------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_method_and_setting_keeps_the_target_distribution(name: str) -> None:
+    """The first K + 3 tokens pass every conditional check; the case really
+    exercised what it claims (acceptances, rejections, bonus tokens, second
+    rounds, early ends); and each round's delivered count adds up to the output."""
+    case = CASES[name]
+    trace = run_case(case)
+    v = verdict(case, trace.samples)
+    assert v.lossless, v.describe()
+    assert trace.miscounted == 0, "Σ emitted over rounds differs from len(token_ids)"
+    n = len(trace.samples)
+    assert trace.second_round > n // 2, trace.second_round
+    if case.spec.method == "ar":
+        assert trace.ks == {0}
+        return
+    least = n // 50
+    exercised = (trace.with_acceptance, trace.with_rejection, trace.full)
+    assert min(exercised) > least, f"(accepting, rejecting, fully accepted) rounds: {exercised}"
+    if case.spec.p_min > 0:  # the confidence stop really cut some first blocks short
+        assert least < trace.short_first < n - least, trace.short_first
+    if case.spec.method in ("auto", "heuristic"):
+        assert set(range(1, case.spec.k + 1)) <= trace.ks, trace.ks  # K really varied
+    if case.eos or case.stop:
+        assert sum(trace.ended.values()) > n // 20, trace.ended
+    if case.spec.method == "ssd":  # rounds went through the speculator (hits depend on timing)
+        assert trace.speculated > n, (trace.speculated, trace.hits)
+
+
+def test_the_harness_rejects_impossible_outcomes_outright() -> None:
+    """A token outside the filtered support, a token after EOS, or an early end
+    without EOS each fail the check whatever the statistics say."""
+    filtered, eos = CASES["sd-draft-topk3-topp0.5"], CASES["sd-draft-eos"]
+    p = target_probs(make_target().logits_for(PROMPT), filtered.params())
+    assert verdict(filtered, []).lossless  # nothing sampled, nothing to reject
+    cases = [(filtered, (int(np.flatnonzero(p == 0)[0]),), "target probability 0"),
+             (eos, (EOS, 0), "continues after the terminal prefix"),
+             (eos, (0, 1), "without EOS or a stop string")]
+    for case, sample_, reason in cases:
+        v = verdict(case, [sample_])
+        assert not v.lossless and any(reason in m for m in v.impossible), v.impossible
+
+
+# ---- negative controls: the harness must reject these -------------------------------
+def _bonus_from_p_k(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a full acceptance, draw the bonus token from p_K (the last draft
+    token's distribution) instead of p_{K+1}."""
+    real_score, real_resample, last = loop.score, loop.resample, {}
+
+    def score(*args, **kwargs) -> list[np.ndarray]:
+        last["p"] = real_score(*args, **kwargs)
+        return last["p"]
+
+    def resample(p, q, rejected, params, rng) -> int:
+        if rejected is None and len(last["p"]) >= 2:
+            return sample(last["p"][-2], rng)
+        return real_resample(p, q, rejected, params, rng)
+
+    monkeypatch.setattr(loop, "score", score)
+    monkeypatch.setattr(loop, "resample", resample)
+
+
+def _q_without_min_p(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft samples with the request's min-p filter but reports the
+    unfiltered distribution as q."""
+    real_propose = DraftModelProposer.propose
+
+    def propose(self, context, k, params, rng):
+        d = real_propose(self, context, k, params, rng)
+        loose = dataclasses.replace(params, min_p=0.0)
+        d.q = [target_probs(self.backend.logits_for([*context, *d.tokens[:i]]), loose) for i in range(len(d))]
+        return d
+
+    monkeypatch.setattr(DraftModelProposer, "propose", propose)
+
+
+def _accept_everything(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gross: keep every draft token whatever p and q say."""
+    monkeypatch.setattr(loop, "accept", lambda d, p, params, rng: len(d.tokens))
+
+
+@pytest.mark.parametrize("bug,case_name", [
+    (_bonus_from_p_k, "sd-draft-close-t1.0"),
+    (_q_without_min_p, "sd-draft-minp0.2"),
+    (_accept_everything, "sd-draft-t1.0"),
+], ids=["bonus-from-p_K", "q-without-min-p", "accept-everything"])
+def test_the_harness_rejects_a_broken_loop(monkeypatch: pytest.MonkeyPatch, bug, case_name: str) -> None:
+    """Each injected bug, on a grid case the real code passes, fails the same
+    check with fewer samples than the grid uses."""
+    bug(monkeypatch)
+    case = CASES[case_name]
+    v = verdict(case, run_case(case, N_NEGATIVE).samples)
+    assert not v.lossless, f"bug not detected:\n{v.describe()}"
