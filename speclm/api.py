@@ -14,7 +14,6 @@ measured cost models.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
@@ -26,9 +25,10 @@ from .errors import InvalidRequestError
 from .metrics import GenerationResult
 from .sampling import SamplingParams
 from .speculative.config import MAX_K, SpecConfig  # noqa: F401  (public here)
-from .speculative.controller import CostModel, calibrate
+from .speculative.controller import Calibration, CostModel, calibrate
 from .speculative.loop import Generation
 from .speculative.methods import METHODS, PROPOSALS, get_method  # noqa: F401  (METHODS: the table)
+from .speculative.proposers.suffix import SuffixCache
 
 
 class LLM:
@@ -36,9 +36,10 @@ class LLM:
 
     def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
                  n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2,
-                 speculator=None):
+                 speculator=None, suffix_cache_tokens: int = 100_000):
         """n_ctx: tokens per sequence; max_sequences: requests in flight at once;
-        speculator: a SpeculatorConfig for method ssd (None: defaults)."""
+        speculator: a SpeculatorConfig for method ssd (None: defaults);
+        suffix_cache_tokens: bound of each suffix cache of earlier outputs (0: none)."""
         from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
         self._n_ctx, self._n_threads, self._max_seqs = n_ctx, n_threads, max_sequences
         self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences)
@@ -46,8 +47,18 @@ class LLM:
         self._draft: Backend | None = None
         self._draft_lock = threading.Lock()
         self._costs: dict[str | None, CostModel] = {}
+        self._calibrations: dict[str | None, Calibration] = {}
+        SuffixCache(suffix_cache_tokens)  # validate now, not at the first suffix request
+        self._suffix_tokens = suffix_cache_tokens
+        self._suffix_caches: dict[str | None, SuffixCache] = {}
+        self._cache_lock = threading.Lock()
         self._speculator_cfg = speculator
-        self._speculator = None
+        self._speculator = None  # a SpeculatorSupervisor once an ssd request ran
+        self._speculator_lock = threading.Lock()
+        # Held by whoever runs forwards on target or draft: llama.cpp contexts are not
+        # thread-safe (the Engine's thread steps requests; calibration may come from another).
+        self.backend_lock = threading.RLock()
+        self._costs_lock = threading.Lock()
 
     @property
     def draft(self) -> Backend:
@@ -74,6 +85,28 @@ class LLM:
         """The PROPOSALS key this request drafts with (None: plain decoding)."""
         return get_method(spec.method).proposal_for(spec, self.has_draft)
 
+    def suffix_cache(self, scope: str | None = None) -> SuffixCache | None:
+        """The cache of earlier prompts and verified outputs that suffix decoding drafts
+        from, one per scope (None: the LLM's own); None when disabled (size 0)."""
+        if self._suffix_tokens == 0:
+            return None
+        with self._cache_lock:
+            if scope not in self._suffix_caches:
+                self._suffix_caches[scope] = SuffixCache(self._suffix_tokens)
+            return self._suffix_caches[scope]
+
+    def clear_suffix_cache(self, scope: str | None = None) -> None:
+        """Forget what suffix decoding learnt in `scope` (its acceptance calibration stays)."""
+        with self._cache_lock:
+            cache = self._suffix_caches.get(scope)
+        if cache is not None:
+            cache.clear()
+
+    def calibration(self, proposal: str | None) -> Calibration:
+        """How a proposal's per-token estimates map to observed acceptance, learnt by every request."""
+        with self._cache_lock:
+            return self._calibrations.setdefault(proposal, Calibration())
+
     def _proposal_checked(self, spec: SpecConfig) -> str | None:
         """proposal_of(spec), refusing a method that needs a draft model this LLM lacks."""
         proposal = self.proposal_of(spec)
@@ -82,32 +115,42 @@ class LLM:
         return proposal
 
     def speculator(self):
-        """The SSD speculator process (spawned, or connected, on first use)."""
-        from .speculative.ssd.client import SpeculatorConfig, SpeculatorProcess
+        """The SSD speculator process (spawned, or connected, on first use; a lost one
+        is restarted here, with backoff: speculative/ssd/supervisor.py)."""
+        from .speculative.ssd.client import SpeculatorConfig
+        from .speculative.ssd.supervisor import SpeculatorSupervisor
         from .speculative.ssd.worker import model_spec
-        with self._draft_lock:
+        with self._speculator_lock:
             if self._speculator is None:
-                draft = self._load_draft()  # checks the tokenizers; also the fallback if the speculator dies
-                cfg = dataclasses.replace(self._speculator_cfg or SpeculatorConfig(), n_ctx=self._n_ctx)
-                self._speculator = SpeculatorProcess(model_spec(self._draft_spec, draft), cfg)
-            return self._speculator
+                draft = self.draft  # checks the tokenizers; also the fallback if the speculator dies
+                cfg = (self._speculator_cfg or SpeculatorConfig()).sized(self._n_ctx, self._max_seqs)
+                self._speculator = SpeculatorSupervisor(model_spec(self._draft_spec, draft), cfg)
+            return self._speculator.get()
+
+    def speculator_state(self) -> dict | None:
+        """{"state": "alive" | "lost", "restarts", "pid", "reason"}; None before any ssd request."""
+        supervisor = self._speculator
+        return None if supervisor is None else supervisor.state()
 
     def cost_model(self, proposal: str | None, k: int) -> CostModel:
         """Measured costs for this LLM and proposal, calibrated on first use (blocks
-        up to min(k, 16) + 1) and then learnt from every round run (shared by all requests)."""
-        if proposal not in self._costs:
-            needs_draft = proposal is not None and PROPOSALS[proposal].needs_draft
-            self._costs[proposal] = calibrate(self.target, self.draft if needs_draft else None,
-                                              max_block=min(k, 16) + 1)
-        return self._costs[proposal]
+        up to min(k, 16) + 1) and then learnt from every round run (shared by all requests).
+        Calibration holds backend_lock: it never runs alongside another thread's forwards."""
+        with self._costs_lock:
+            if proposal not in self._costs:
+                needs_draft = proposal is not None and PROPOSALS[proposal].needs_draft
+                draft = self.draft if needs_draft else None
+                with self.backend_lock:
+                    self._costs[proposal] = calibrate(self.target, draft, max_block=min(k, 16) + 1)
+            return self._costs[proposal]
 
     def start(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,
               on_text: Callable[[str], None] | None = None) -> Generation:
         """A Generation for one request (the scheduler or `generate` steps it)."""
         method = get_method(spec.method)
         proposal = self._proposal_checked(spec)
-        proposer = PROPOSALS[proposal].make(self, spec) if proposal is not None else None
-        controller = method.controller(self, spec) if method.controller is not None else None
+        controller = method.controller(self, spec) if method.controller is not None and proposal else None
+        proposer = PROPOSALS[proposal].make(self, spec, controller) if proposal is not None else None
         return Generation(self.target, proposer, prompt_ids, params, spec.effective_k,
                           method=spec.method, on_text=on_text, controller=controller,
                           threads=method.threads(self, spec))
@@ -122,8 +165,7 @@ class LLM:
         if not prompt.strip():
             raise InvalidRequestError("the prompt is empty: give some text to continue")
         if chat:
-            text = self.target.apply_chat_template([{"role": "user", "content": prompt}])
-            return self.target.tokenize(text, add_special=False)
+            return self.target.tokenize_chat([{"role": "user", "content": prompt}])  # content stays text
         return self.target.tokenize(prompt, add_special=True)
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -137,7 +179,8 @@ class LLM:
         params = params or SamplingParams()
         spec = spec or SpecConfig()
         gen = self.start(self.encode(prompt, chat), params, spec, on_text)
-        return gen.run()
+        with self.backend_lock:
+            return gen.run()
 
     def warmup(self, spec: SpecConfig | None = None) -> None:
         """Run one tiny forward on each model a method uses, so the first timed
@@ -146,17 +189,18 @@ class LLM:
         needs_draft = proposal is not None and PROPOSALS[proposal].needs_draft
         backends = [self.target] + ([self.draft] if needs_draft else [])
         for backend in backends:
-            seq = backend.new_sequence()
-            try:
-                backend.score(seq, [0, 0])
-            finally:
-                backend.free(seq)
+            with self.backend_lock:
+                seq = backend.new_sequence()
+                try:
+                    backend.score(seq, [0, 0])
+                finally:
+                    backend.free(seq)
         if spec is not None and get_method(spec.method).controller is not None and proposal is not None:
             self.cost_model(proposal, spec.k)  # calibrate now, not inside the first timed request
 
     def close_speculator(self) -> None:
         """Shut the SSD speculator process down (a later ssd request starts a new one)."""
-        with self._draft_lock:
+        with self._speculator_lock:
             if self._speculator is not None:
                 self._speculator.close()
                 self._speculator = None

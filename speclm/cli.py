@@ -71,6 +71,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     with LLM(target=args.target, draft=draft_for(args, spec), n_ctx=args.n_ctx, n_threads=args.threads,
              speculator=speculator_config(args)) as llm:
+        if args.draft is not None:
+            llm.draft  # a --draft given is checked now, even where the method drafts without it
         prompt_ids = llm.encode(prompt, chat=args.chat)
         llm.warmup(spec)
         stream = None if args.json else _stdout_stream

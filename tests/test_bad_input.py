@@ -160,7 +160,7 @@ def test_prompt_of_wrong_type_is_not_called_empty(llm, prompt):
 
 # ---- SpecConfig -------------------------------------------------------------
 @pytest.mark.parametrize("method", ["sd-draft", "sd-ngram"])
-@pytest.mark.parametrize("k", [0, -1, 1000, MAX_K + 1, 4.0, "4", None])
+@pytest.mark.parametrize("k", [0, -1, 1000, MAX_K + 1, 4.0, "4", True])
 def test_bad_k(method, k):
     with pytest.raises(InvalidRequestError) as err:
         SpecConfig(method=method, k=k)
@@ -173,6 +173,11 @@ def test_bad_k(method, k):
 @pytest.mark.parametrize("k", [1, MAX_K])
 def test_k_bounds_accepted(method, k):
     assert SpecConfig(method=method, k=k).effective_k == k
+
+
+@pytest.mark.parametrize(("method", "k"), [("sd-draft", 4), ("sd-ngram", 4), ("auto", 16), ("sd-suffix", 16)])
+def test_k_unset_is_the_methods_default(method, k):
+    assert SpecConfig(method=method).k == SpecConfig(method=method, k=None).k == k
 
 
 @pytest.mark.parametrize("method", ["", "AR", "sd", "medusa", None])
@@ -472,7 +477,7 @@ def test_sd_draft_without_a_draft(llm):
 
 def test_default_spec_without_a_draft_needs_no_draft(llm):
     out = llm.generate("def f():", TINY)  # no spec, no draft: auto over prompt lookup, not an error
-    assert out.method == "auto" and out.draft.startswith("ngram") and len(out.token_ids) == 2
+    assert out.method == "auto" and out.draft.startswith("suffix") and len(out.token_ids) == 2
 
 
 def test_no_draft_needed_for_other_methods(llm):

@@ -11,10 +11,13 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.metrics import RoundRecord
-from speclm.speculative.controller import CostModel, GoodputController, HeuristicController, expected_emitted
+from speclm.speculative.controller import (Calibration, CostModel, GoodputController, HeuristicController,
+                                           expected_emitted, expected_tokens)
 
 # Costs measured on this machine for the Qwen 1.5B target (ms to score b tokens).
 QWEN_VERIFY = {1: 32.0, 2: 57.0, 3: 76.0, 4: 95.0, 5: 123.0, 6: 150.0, 7: 180.0, 8: 219.0, 9: 234.0}
+# The Zen 4 curve with all logits (design note §6): not monotonic, 16 rows cost less than 9.
+ZEN4_VERIFY = {1: 33.0, 2: 61.0, 4: 107.0, 8: 283.0, 9: 290.0, 12: 291.0, 16: 281.0, 17: 300.0}
 
 
 def run_trace(ctrl: GoodputController, accept_prob: float, rounds: int, seed: int = 0,
@@ -113,3 +116,92 @@ def test_auto_on_a_real_model_records_its_decisions(smollm):
     assert auto.token_ids == ar.token_ids
     assert any(r.proposed > 0 for r in auto.rounds)  # repetitive text: speculation was tried
     assert all(r.note for r in auto.rounds)
+
+
+# ---- per-position rule: drafts that carry an estimate per token ---------------
+def per_position(verify: dict[int, float], **kw) -> GoodputController:
+    ctrl = GoodputController(CostModel(verify_ms=dict(verify)), k_max=16, **kw)
+    ctrl.expect_confidence()
+    return ctrl
+
+
+def test_expected_tokens_multiplies_conditional_acceptance_along_the_block():
+    assert expected_tokens([]) == [1.0]
+    assert expected_tokens([0.5, 0.5]) == pytest.approx([1.0, 1.5, 1.75])
+
+
+def test_a_free_proposer_drafts_k_max_and_the_prefix_is_chosen_afterwards():
+    ctrl = per_position(ZEN4_VERIFY)
+    assert ctrl.choose(16)[0] == 16
+    assert ctrl.choose(5)[0] == 5
+
+
+def test_low_estimates_verify_nothing():
+    """Estimates of 0.2 never pay for a second row: K = 0 (a plain step)."""
+    ctrl = per_position(ZEN4_VERIFY)
+    assert ctrl.choose_prefix([0.2] * 16) == 0
+
+
+def test_high_estimates_verify_the_long_block_that_is_cheaper_than_a_shorter_one():
+    """v(16) < v(9): with 16 confident tokens the best block is 16 rows
+    (K = 15), found on the measured curve, not by assuming v is monotonic."""
+    ctrl = per_position(ZEN4_VERIFY)
+    assert ctrl.cost.verify(16) < ctrl.cost.verify(9)
+    assert ctrl.choose_prefix([0.97] * 16) == 15
+    assert ctrl.choose_prefix([0.97] * 9 + [0.1] * 7) == 3  # a block of 9 rows never pays here
+
+
+def test_the_prefix_stops_where_the_estimates_collapse():
+    ctrl = per_position({b: 10.0 + b for b in range(1, 18)})  # each extra row costs little
+    assert ctrl.choose_prefix([0.99] * 5 + [0.05] * 11) == 5
+
+
+def test_calibration_moves_towards_the_observed_acceptance():
+    cal = Calibration()
+    assert cal(0.95) == pytest.approx(0.95)  # no evidence: the estimate stands
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        cal.update(0.95, rng.random() < 0.4)
+    assert cal(0.95) == pytest.approx(0.4, abs=0.1)
+    assert cal(0.5) == pytest.approx(0.5)  # other buckets keep their own evidence
+
+
+def test_an_overconfident_proposer_is_corrected_from_each_rounds_outcome():
+    """Estimates of 0.97 whose tokens are rejected at the first position: after
+    a few rounds the calibrated estimate falls and the controller stops
+    verifying them, apart from a one-token probe every probe_every rounds."""
+    ctrl = per_position(ZEN4_VERIFY, probe_every=8)
+    ks = []
+    for _ in range(80):
+        ctrl.choose(16)
+        k = ctrl.choose_prefix([0.97] * 16)
+        ks.append(k)
+        ctrl.observe(RoundRecord(proposed=k, accepted=0, draft_ms=0.1, verify_ms=ctrl.cost.verify(k + 1),
+                                 other_ms=0.5))
+    assert ks[0] == 15
+    assert ctrl.calibration(0.97) < 0.3
+    assert ks[-40:].count(0) >= 34 and set(ks[-40:]) <= {0, 1}
+    assert "probe" in ctrl.prefix_note or ctrl.prefix_note.startswith("K=0")
+
+
+def test_only_verified_positions_update_the_calibration():
+    """Accepted 2 of 5: positions 1-2 count as accepted, 3 as rejected, 4-5 unseen."""
+    ctrl = per_position({b: 1.0 for b in range(1, 18)}, calibration=Calibration(decay=1.0))
+    ctrl.choose(16)
+    assert ctrl.choose_prefix([0.6, 0.6, 0.85, 0.92, 0.92]) == 5
+    ctrl.observe(RoundRecord(proposed=5, accepted=2, draft_ms=0.0, verify_ms=1.0, other_ms=0.5))
+    cal = ctrl.calibration
+    assert cal.seen[cal.bucket(0.6)] == pytest.approx(2.0) and cal.accepted[cal.bucket(0.6)] == pytest.approx(2.0)
+    assert cal.seen[cal.bucket(0.85)] == pytest.approx(1.0) and cal.accepted[cal.bucket(0.85)] == 0.0
+    assert cal.seen[cal.bucket(0.92)] == 0.0
+
+
+def test_a_stop_inside_the_round_is_not_counted_as_a_rejection():
+    """EOS cut a fully accepted 4-token round after 2 delivered tokens: the
+    verifier accepted all 4, so the estimates are credited with 4 acceptances."""
+    ctrl = per_position({b: 1.0 for b in range(1, 18)}, calibration=Calibration(decay=1.0))
+    ctrl.choose(16)
+    assert ctrl.choose_prefix([0.95] * 4) == 4
+    ctrl.observe(RoundRecord(proposed=4, accepted=2, discarded=3, draft_ms=0.0, verify_ms=1.0, other_ms=0.5))
+    cal = ctrl.calibration
+    assert cal.seen[cal.bucket(0.95)] == 4.0 and cal.accepted[cal.bucket(0.95)] == 4.0

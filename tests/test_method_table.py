@@ -30,7 +30,7 @@ NAME = "sd-ngram-fixed3"
 def fixed3() -> Iterator[str]:
     """A trivial method, defined by one record: prompt lookup pinned to n = 3."""
     register(Method(NAME, "prompt lookup pinned to n = 3 (a test-only method)",
-                    proposal=Proposal("ngram3", lambda llm, spec: NgramProposer(3, 3), selectable=False)))
+                    proposal=Proposal("ngram3", lambda llm, spec, controller: NgramProposer(3, 3), selectable=False)))
     try:
         yield NAME
     finally:
@@ -54,6 +54,7 @@ def test_one_record_reaches_the_api_and_stays_lossless(fixed3):
 def test_one_record_reaches_generate_and_serve_flags(fixed3):
     for command in (["generate", "x"], ["serve"]):
         args = build_parser().parse_args([*command, "--method", fixed3, "--k", "5"])
+        assert args.k == 5
         assert spec_from_args(args) == SpecConfig(method=fixed3, k=5)
 
 

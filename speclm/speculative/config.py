@@ -13,25 +13,30 @@ from ..sampling import is_int
 from .methods import DEFAULT_METHOD, get_method, method_names, selectable_proposals
 from .options import Option, option, options_of
 from .proposers.ngram import check_ngram_sizes
+from .proposers.suffix import SuffixConfig
 from .ssd.options import SSDOptions
 
 MAX_K = 32
-SECTIONS = {"ssd": SSDOptions}  # SpecConfig field -> the dataclass of a method's own settings
+SECTIONS = {"ssd": SSDOptions, "suffix": SuffixConfig}  # SpecConfig field -> the dataclass of a method's own settings
 
 
 @dataclass(frozen=True)
 class SpecConfig:
     """How to speculate (`speclm.speculative.methods` lists the methods).
 
-    k: draft tokens per round (for adaptive methods: the maximum). proposer:
+    k: draft tokens per round (for adaptive methods: the maximum; None: the
+    method's default_k). proposer:
     what an adaptive method drafts with (None: the draft model when the LLM
-    has one, else prompt lookup). ssd: SSD's own settings.
+    has one, else prompt lookup). ssd, suffix: those proposals' own settings.
+    cache_scope: the LLM's suffix cache this request drafts from and teaches
+    (None: the LLM's default scope); set by the caller, never by a client.
     """
 
     method: str = option(DEFAULT_METHOD, "speculation method (default auto: K chosen every round from "
                          "measured costs, plain decoding when speculation does not pay)",
                          choices=method_names, request=True)
-    k: int = option(4, "draft tokens per round (for auto/heuristic: the maximum)", request=True)
+    k: int | None = option(None, "draft tokens per round (for auto/heuristic: the maximum; "
+                           "default: the method's, 16 for auto and sd-suffix, else 4)", kind=int, request=True)
     proposer: str | None = option(None, "what auto/heuristic draft with (default: the draft model if any, "
                                   "else n-gram)", choices=selectable_proposals)
     p_min: float = option(0.0, "draft model: stop drafting when its top-1 probability falls below this")
@@ -40,9 +45,13 @@ class SpecConfig:
     target_threads: int | None = option(None, "target threads for this request (default: the LLM's; "
                                         "ssd: --threads minus the speculator's)", kind=int)
     ssd: SSDOptions = dataclasses.field(default_factory=SSDOptions)
+    suffix: SuffixConfig = dataclasses.field(default_factory=SuffixConfig)
+    cache_scope: str | None = None  # whose suffix cache this request reads and feeds (the server: per API key)
 
     def __post_init__(self) -> None:
         method = get_method(self.method)
+        if self.k is None:
+            object.__setattr__(self, "k", method.default_k)
         if method.uses_k and (not is_int(self.k) or not 1 <= self.k <= MAX_K):
             raise InvalidRequestError(f"K must be an integer in [1, {MAX_K}] for {self.method}, got {self.k!r}")
         if self.proposer is not None and self.proposer not in selectable_proposals():
@@ -54,8 +63,10 @@ class SpecConfig:
             raise InvalidRequestError(f"p_min must be in [0, 1) (--p-min), got {self.p_min!r}")
         if self.target_threads is not None and (not is_int(self.target_threads) or self.target_threads < 1):
             raise InvalidRequestError(f"target_threads must be an integer >= 1, got {self.target_threads!r}")
-        if not isinstance(self.ssd, SSDOptions):
-            raise InvalidRequestError(f"ssd must be an SSDOptions, got {type(self.ssd).__name__}")
+        for section, cls in SECTIONS.items():
+            if not isinstance(getattr(self, section), cls):
+                raise InvalidRequestError(f"{section} must be a {cls.__name__}, got "
+                                          f"{type(getattr(self, section)).__name__}")
 
     @property
     def effective_k(self) -> int:

@@ -13,11 +13,22 @@ probe runs every `probe_every` rounds; a fully accepted probe is followed at
 once by one twice as long, so a workload that turns predictable brings
 speculation back within a few probes, while on an unpredictable one the
 probes cost about 1/probe_every of a round each.
+
+Per-position rule (a free proposer whose drafts carry per-token estimates,
+e.g. suffix decoding): choose() lets the proposer draft K_max and
+choose_prefix(c_1..c_n) keeps the prefix m in 0..n maximising
+E(m) / (v(m+1) + o), E(m) = 1 + Σ_{j≤m} Π_{i≤j} ĉ_i, where ĉ is the estimate
+after a `Calibration` learnt online from every round's outcome. v(b) is the
+measured cost of every block size, so a cheap long block (v(16) < v(9) on
+llama.cpp) is found; K = 0 when no prefix pays, with a one-token probe every
+`probe_every` such rounds so that the calibration keeps learning.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from ..backends.base import Backend
@@ -56,7 +67,7 @@ class CostModel:
         return max(1e-3, self.verify_ms[b if lower else a] + slope * (block - (b if lower else a)))
 
     def observe(self, rec: RoundRecord) -> None:
-        block = rec.proposed + 1
+        block = rec.batch_tokens or rec.proposed + 1  # the forward's size: shared by a batch, or ours
         old = self.verify_ms.get(block)
         self.verify_ms[block] = rec.verify_ms if old is None else old + self.weight * (rec.verify_ms - old)
         if rec.proposed:
@@ -64,8 +75,9 @@ class CostModel:
             self.draft_ms_per_token += self.weight * (per_token - self.draft_ms_per_token)
         self.other_ms += self.weight * (rec.other_ms - self.other_ms)
 
-    def round_ms(self, k: int) -> float:
-        return self.draft_ms_per_token * k + self.verify(k + 1) + self.other_ms
+    def round_ms(self, k: int, shared: int = 0) -> float:
+        """ms of a round drafting k, when `shared` tokens of other requests ride in the same forward."""
+        return self.draft_ms_per_token * k + self.verify(shared + k + 1) + self.other_ms
 
 
 def calibrate(target: Backend, draft: Backend | None, max_block: int, repeats: int = 2) -> CostModel:
@@ -73,18 +85,19 @@ def calibrate(target: Backend, draft: Backend | None, max_block: int, repeats: i
     (and single steps on the draft), on a scratch sequence."""
     cost = CostModel()
     filler = [1] * 64
-    for block in range(1, max_block + 1):
-        times = []
+    times: dict[int, list[float]] = {b: [] for b in range(1, max_block + 1)}
+    seq = target.new_sequence()
+    try:
+        target.prefill(seq, filler)  # once: each block is scored on it, then rolled back (O(1))
         for _ in range(repeats):
-            seq = target.new_sequence()
-            try:
-                target.prefill(seq, filler)
+            for block in times:
                 t0 = time.perf_counter()
                 target.score(seq, filler[:block])
-                times.append((time.perf_counter() - t0) * 1000)
-            finally:
-                target.free(seq)
-        cost.verify_ms[block] = min(times)
+                times[block].append((time.perf_counter() - t0) * 1000)
+                target.rollback(seq, len(filler))
+    finally:
+        target.free(seq)
+    cost.verify_ms = {block: min(ts) for block, ts in times.items()}
     if draft is not None:
         seq = draft.new_sequence()
         try:
@@ -110,12 +123,70 @@ def expected_emitted(alpha: float, k: int) -> float:
 OPTIMISTIC_ALPHA = 0.98
 
 
+@dataclass
+class Calibration:
+    """Maps a proposer's estimated acceptance probability to the observed one.
+
+    Estimates fall in buckets (upper edges `edges`); per bucket, decayed sums
+    of predictions and of outcomes. calibrated(c) = c + (Σ outcome − Σ predicted)
+    / (n + prior_weight), clipped to [0, 1]: no observations leave c as is,
+    many move it to the bucket's observed rate (order within a bucket kept).
+    Shareable by the requests of one LLM and proposer kind; thread-safe.
+    """
+
+    edges: tuple[float, ...] = (0.3, 0.5, 0.7, 0.8, 0.9, 0.97, 1.0)
+    prior_weight: float = 4.0
+    decay: float = 0.99  # per observation in a bucket: ~100-observation memory
+    seen: list[float] = field(default_factory=list)
+    predicted: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.edges)
+        for name in ("seen", "predicted", "accepted"):
+            if not getattr(self, name):
+                setattr(self, name, [0.0] * n)
+
+    def bucket(self, c: float) -> int:
+        return min(bisect_left(self.edges, c), len(self.edges) - 1)
+
+    def __call__(self, c: float) -> float:
+        b = self.bucket(c)
+        gap = (self.accepted[b] - self.predicted[b]) / (self.seen[b] + self.prior_weight)
+        return min(1.0, max(0.0, c + gap))
+
+    def update(self, c: float, accepted: bool) -> None:
+        """One verified position: estimate c, and whether it was accepted."""
+        b = self.bucket(c)
+        with self._lock:
+            self.seen[b] = self.decay * self.seen[b] + 1.0
+            self.predicted[b] = self.decay * self.predicted[b] + c
+            self.accepted[b] = self.decay * self.accepted[b] + float(accepted)
+
+
+def expected_tokens(confidence: list[float]) -> list[float]:
+    """E(m) for m = 0..n: 1 + Σ_{j≤m} Π_{i≤j} c_i (conditional acceptance c_i)."""
+    out, prob = [1.0], 1.0
+    for c in confidence:
+        prob *= c
+        out.append(out[-1] + prob)
+    return out
+
+
 class GoodputController:
     """Per-request K choice; acceptance is per sequence, costs are shared."""
 
     def __init__(self, cost: CostModel, k_max: int, alpha_prior: float = 0.5,
-                 prior_weight: float = 2.0, decay: float = 0.9, probe_every: int = 16):
+                 prior_weight: float = 2.0, decay: float = 0.9, probe_every: int = 16,
+                 calibration: Calibration | None = None, per_position: bool = False):
         self.cost, self.k_max = cost, k_max
+        self.calibration = calibration if calibration is not None else Calibration()
+        self.per_position = per_position  # True: drafts carry estimates, choose_prefix() cuts them
+        self.shared_tokens, self.shared_expected = 0, 0.0  # other requests in the same forward (share_step)
+        self.planned_expected = 1.0  # E[tokens] of the round last planned (for the step's other requests)
+        self._predicted: list[float] = []  # raw estimates of the positions sent to verification
+        self.prefix_note: str | None = None
         self.decay, self.probe_every = decay, probe_every
         self.accepted = alpha_prior * prior_weight  # decayed pseudo-counts
         self.rejected = (1 - alpha_prior) * prior_weight
@@ -127,18 +198,44 @@ class GoodputController:
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
+    def share_step(self, tokens: int, expected: float) -> None:
+        """The next round's forward also carries `tokens` tokens of other requests,
+        expected to emit `expected` tokens (a batching engine says so before each
+        plan; 0, 0 alone). K is then chosen for the goodput of the whole step:
+        (expected + E(K)) / v(tokens + K + 1), so it falls to 0 once the batch is
+        compute-bound and a longer block would slow everyone more than it adds."""
+        self.shared_tokens, self.shared_expected = tokens, expected
+
+    def _step_rate(self, emitted: float, k: int) -> float:
+        return (self.shared_expected + emitted) / self.cost.round_ms(k, self.shared_tokens)
+
     def rate(self, k: int) -> float:
-        """Expected emitted tokens per ms when drafting k."""
-        return expected_emitted(self.alpha, k) / self.cost.round_ms(k)
+        """Expected emitted tokens per ms of the step when drafting k."""
+        return self._step_rate(expected_emitted(self.alpha, k), k)
 
     def could_pay(self, cap: int) -> bool:
         """Would some K in 1..cap beat plain decoding at an optimistic acceptance?"""
-        plain = 1.0 / self.cost.round_ms(0)
-        return any(expected_emitted(OPTIMISTIC_ALPHA, k) / self.cost.round_ms(k) > plain
-                   for k in range(1, cap + 1))
+        plain = self._step_rate(1.0, 0)
+        return any(self._step_rate(expected_emitted(OPTIMISTIC_ALPHA, k), k) > plain for k in range(1, cap + 1))
+
+    def expected_for(self, n_drafted: int) -> float:
+        """E[tokens emitted] by the round just planned with n_drafted tokens."""
+        if self.per_position:
+            return self.planned_expected if n_drafted else 1.0
+        return expected_emitted(self.alpha, n_drafted)
+
+    def expect_confidence(self) -> None:
+        """Switch to the per-position rule (a proposer with estimates calls this)."""
+        self.per_position = True
 
     def choose(self, k_cap: int) -> tuple[int, str]:
         cap = min(self.k_max, k_cap)
+        self._predicted = []
+        self.planned_expected = 1.0
+        if self.per_position:
+            if cap >= 1 and not self.could_pay(cap):
+                return 0, f"K=0: no K pays even at alpha={OPTIMISTIC_ALPHA} with these costs"
+            return cap, f"draft up to K={cap}; the prefix is chosen from the draft's estimates"
         best = max(range(cap + 1), key=self.rate)
         if best == 0 and cap >= 1 and not self.could_pay(cap):
             self.probe_k = self._probing = 0
@@ -157,14 +254,42 @@ class GoodputController:
         gain = self.rate(best) / self.rate(0)
         return best, f"alpha={self.alpha:.2f} K={best} est {gain:.2f}x of K=0"
 
+    def choose_prefix(self, confidence: list[float]) -> int:
+        """How many of the drafted tokens to verify: the m in 0..len(confidence)
+        (≤ k_max) maximising E(m) / (v(m+1) + o) under the calibrated estimates
+        (the draft is already paid for). Remembers the estimates for observe()."""
+        cal = [self.calibration(c) for c in confidence[:self.k_max]]
+        exp = expected_tokens(cal)
+        rates = [(self.shared_expected + exp[m]) / (self.cost.verify(self.shared_tokens + m + 1) + self.cost.other_ms)
+                 for m in range(len(exp))]
+        best = max(range(len(rates)), key=rates.__getitem__)
+        note = f"K={best} of {len(cal)} drafted: E={exp[best]:.2f} tokens, est {rates[best] / rates[0]:.2f}x of K=0"
+        if best == 0 and cal:
+            self.rounds_at_zero += 1
+            if self.rounds_at_zero >= self.probe_every:
+                self.rounds_at_zero, best = 0, 1
+                note = f"probe K=1 of {len(cal)} drafted (calibrated c1={cal[0]:.2f})"
+        elif best > 0:
+            self.rounds_at_zero = 0
+        self._predicted = list(confidence[:best])
+        self.prefix_note = note
+        self.planned_expected = exp[best]
+        return best
+
     def observe(self, rec: RoundRecord) -> None:
         self.cost.observe(rec)
+        # the verifier's a: a stop inside the round cuts delivered tokens, not acceptance
+        a = getattr(rec, "verified", rec.accepted)
+        seen = min(a + 1, rec.proposed, len(self._predicted))
+        for j in range(seen):  # position j+1 was verified: accepted iff j < a
+            self.calibration.update(self._predicted[j], j < a)
+        self._predicted = []
         if self._probing:
-            self.probe_k = min(self.k_max, 2 * rec.proposed) if rec.proposed and rec.accepted == rec.proposed else 0
+            self.probe_k = min(self.k_max, 2 * rec.proposed) if rec.proposed and a == rec.proposed else 0
         if rec.proposed == 0:
             return
-        self.accepted = self.decay * self.accepted + rec.accepted
-        self.rejected = self.decay * self.rejected + (1 if rec.accepted < rec.proposed else 0)
+        self.accepted = self.decay * self.accepted + a
+        self.rejected = self.decay * self.rejected + (1 if a < rec.proposed else 0)
 
 
 class HeuristicController:

@@ -28,7 +28,7 @@ def draft(proposer: Proposer | None, context: list[int], k: int,
     if proposer is None or k <= 0:
         return Draft()
     d = proposer.propose(context, k, params, rng)
-    del d.tokens[k:], d.q[k:]
+    d.truncate(k)
     return d
 
 
@@ -37,7 +37,12 @@ def score(target: Backend, seq: int, pending: int, d: Draft,
           params: SamplingParams) -> list[np.ndarray]:
     """ONE target forward over [pending, d1..dK]; returns the processed target
     distributions p_1..p_{K+1} (the request's sampling applied)."""
-    logits = target.score(seq, [pending, *d.tokens])
+    return distributions(target.score(seq, [pending, *d.tokens]), params)
+
+
+def distributions(logits: np.ndarray, params: SamplingParams) -> list[np.ndarray]:
+    """The processed target distribution of every scored row (a batched engine
+    scores many requests' blocks in one forward and hands each its rows)."""
     return [target_probs(row, params) for row in logits]
 
 
@@ -106,6 +111,10 @@ class Generation:
     for this request's forwards (SSD gives the other cores to its speculator).
     `controller`, if given, picks each round's K (0 = a plain decoding step)
     through `choose(k_max) -> (k, note)` and learns from `observe(record)`.
+
+    A batching scheduler drives the same round in halves around one shared
+    forward: `begin()`, prefill `prefill_left` (then `prefilled(n)`), and per
+    round `plan()` (draft) → its own scoring → `complete(p, ...)`.
     """
 
     def __init__(self, target: Backend, proposer: Proposer | None, prompt_ids: list[int],
@@ -126,20 +135,58 @@ class Generation:
         self.t_end: float | None = None
         self.prefill_ms = 0.0
         self.ttft_ms: float | None = None
+        self.kv_len = 0
+        self.t_begin = self.t_start
+        self._round: tuple = ()
 
     @property
     def finished(self) -> bool:
         return self.stops.finished is not None
 
-    def _start(self) -> None:
-        t0 = time.perf_counter()  # a scheduler may start us later than t_start
+    def begin(self) -> None:
+        """Take a KV sequence and let the proposer start; the prompt is not yet in the KV."""
+        self.t_begin = time.perf_counter()  # a scheduler may start us later than t_start
         self.seq = self.target.new_sequence()
+        self.kv_len = 0  # tokens of context[:-1] in the target's KV (prefill progress)
         if self.proposer is not None and self.k > 0:
             self.proposer.begin(self.context, self.params)
-        if len(self.context) > 1:
+
+    @property
+    def prefill_left(self) -> list[int]:
+        """The prompt tokens still to prefill (all but the pending last one)."""
+        return self.context[self.kv_len:len(self.context) - 1] if self.seq is not None else []
+
+    def prefilled(self, n: int) -> None:
+        """A scheduler prefilled the next n tokens of prefill_left into our sequence."""
+        self.kv_len += n
+        if not self.prefill_left:
+            self.prefill_ms = (time.perf_counter() - self.t_begin) * 1000
+
+    def _start(self) -> None:
+        self.begin()
+        if self.prefill_left:
             self.target.use_threads(self.threads)
-            self.target.prefill(self.seq, self.context[:-1])
-        self.prefill_ms = (time.perf_counter() - t0) * 1000
+            self.target.prefill(self.seq, self.prefill_left)
+        self.prefilled(len(self.prefill_left))
+
+    def plan(self) -> Draft | None:
+        """Stage 1 of the next round: choose K and draft. None: the context is
+        full and the request has finished. The block to score is
+        [context[-1], *draft.tokens] on this request's sequence."""
+        if self.finished:
+            return None
+        room = self.target.n_ctx - len(self.context)
+        if room <= 0:
+            self._emit(self.stops.finish_length())
+            self._done()
+            return None
+        k_max = max(0, min(self.k, self.stops.remaining - 1, room - 1))
+        k_r, note = self.controller.choose(k_max) if self.controller else (k_max, None)
+        t0 = time.perf_counter()
+        d = draft(self.proposer, self.context, k_r, self.params, self.rng)
+        info = self.proposer.round_info() if self.proposer is not None and k_r > 0 else None
+        self._round = (d, note, info, (time.perf_counter() - t0) * 1000)
+        return d
 
     def step(self) -> bool:
         """Run one round; return True once the generation has finished."""
@@ -147,33 +194,36 @@ class Generation:
             return True
         if self.seq is None:
             self._start()
-        room = self.target.n_ctx - len(self.context)
-        if room <= 0:
-            self._emit(self.stops.finish_length())
-            return self._done()
-        k_max = max(0, min(self.k, self.stops.remaining - 1, room - 1))
-        k_r, note = self.controller.choose(k_max) if self.controller else (k_max, None)
-        t0 = time.perf_counter()
-        d = draft(self.proposer, self.context, k_r, self.params, self.rng)
-        info = self.proposer.round_info() if self.proposer is not None and k_r > 0 else None
+        d = self.plan()
+        if d is None:
+            return True
         t1 = time.perf_counter()
         self.target.use_threads(self.threads)
         p = score(self.target, self.seq, self.context[-1], d, self.params)
+        return self.complete(p, verify_ms=(time.perf_counter() - t1) * 1000)
+
+    def complete(self, p: list[np.ndarray], verify_ms: float, batch_tokens: int | None = None) -> bool:
+        """Stages 3–5 of the planned round from its scored distributions p_1..p_{K+1};
+        True once the generation has finished. batch_tokens: the tokens of the whole
+        forward when other requests shared it (verify_ms is that forward's time)."""
+        d, note, info, draft_ms = self._round
         t2 = time.perf_counter()
         a = accept(d, p, self.params, self.rng)
         last = resample(p[a], d.q[a] if a < len(d) else None,
                         d.tokens[a] if a < len(d) else None, self.params, self.rng)
         iterate(self.target, self.seq, self.context, d, a, last)
+        n_before = len(self.stops.token_ids)
         for tok in (*d.tokens[:a], last):
             self._emit(self.stops.push(tok))
             if self.finished:
                 break
+        delivered = len(self.stops.token_ids) - n_before  # EOS or a stop may cut the round short
         t3 = time.perf_counter()
         if self.ttft_ms is None:
             self.ttft_ms = (t3 - self.t_start) * 1000
-        record = RoundRecord(proposed=len(d), accepted=a, draft_ms=(t1 - t0) * 1000,
-                             verify_ms=(t2 - t1) * 1000, other_ms=(t3 - t2) * 1000, note=note,
-                             info=info)
+        record = RoundRecord(proposed=len(d), accepted=min(a, delivered), discarded=a + 1 - delivered,
+                             draft_ms=draft_ms, verify_ms=verify_ms, other_ms=(t3 - t2) * 1000, note=note,
+                             info=info, batch_tokens=batch_tokens)
         self.rounds.append(record)
         if self.controller:
             self.controller.observe(record)
@@ -203,6 +253,7 @@ class Generation:
             self.target.free(self.seq)
             self.seq = None
         if self.proposer is not None:
+            self.proposer.update(self.context)
             self.proposer.close()
 
     def result(self) -> GenerationResult:

@@ -21,6 +21,7 @@ from .controller import GoodputController, HeuristicController
 from .proposers.base import Proposer
 from .proposers.draft_model import DraftModelProposer
 from .proposers.ngram import NgramProposer
+from .proposers.suffix import SuffixProposer
 
 # The records' factories take (llm, spec): a speclm.api.LLM and a
 # speculative.config.SpecConfig. Neither is imported: both sit above this table.
@@ -35,23 +36,28 @@ class Proposal:
     selectable: adaptive methods may draft with it (`SpecConfig.proposer`)."""
 
     name: str
-    make: Callable[[LLM, SpecConfig], Proposer]
+    make: Callable[[LLM, SpecConfig, Any], Proposer]  # (llm, spec, the request's controller or None)
     needs_draft: bool = False
     selectable: bool = True
     description: str = ""
 
 
-def _ssd_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
+def _ssd_proposer(llm: LLM, spec: SpecConfig, controller: Any) -> Proposer:
     from .ssd.client import SSDProposer
     return SSDProposer(llm.speculator().open, spec.ssd, k=spec.k,
                        fallback=lambda: DraftModelProposer(llm.draft), name=f"ssd:{llm.draft.name}")
 
 
 PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
-    Proposal("draft", lambda llm, spec: DraftModelProposer(llm.draft, p_min=spec.p_min), needs_draft=True,
+    Proposal("draft", lambda llm, spec, ctl: DraftModelProposer(llm.draft, p_min=spec.p_min), needs_draft=True,
              description="the draft model, sampled with the request's settings"),
-    Proposal("ngram", lambda llm, spec: NgramProposer(spec.ngram_min, spec.ngram_max),
+    Proposal("ngram", lambda llm, spec, ctl: NgramProposer(spec.ngram_min, spec.ngram_max),
              description="prompt lookup: copy what followed the latest earlier n-gram match"),
+    Proposal("suffix", lambda llm, spec, ctl: SuffixProposer(
+        llm.suffix_cache(spec.cache_scope), spec.suffix,
+        controller=ctl if hasattr(ctl, "choose_prefix") else None),  # it cuts each draft to what pays
+             description="suffix decoding: the longest match in this request and in the LLM's cache of "
+                         "earlier verified outputs, per-token acceptance estimates"),
     Proposal("ssd", _ssd_proposer, needs_draft=True, selectable=False,
              description="the SSD speculator's pre-drafted blocks"),
 )}
@@ -74,7 +80,9 @@ def _ssd_threads(llm: LLM, spec: SpecConfig) -> int | None:
 
 
 def _goodput(llm: LLM, spec: SpecConfig) -> GoodputController:
-    return GoodputController(llm.cost_model(llm.proposal_of(spec), spec.k), k_max=spec.k)
+    proposal = llm.proposal_of(spec)
+    return GoodputController(llm.cost_model(proposal, spec.k), k_max=spec.k,
+                             calibration=llm.calibration(proposal))
 
 
 def _heuristic(llm: LLM, spec: SpecConfig) -> HeuristicController:
@@ -98,6 +106,7 @@ class Method:
     adaptive: bool = False
     controller: Factory | None = None
     threads: Factory = _request_threads
+    default_k: int = 4  # SpecConfig.k when the request does not set it
     in_default_bench: bool = False  # `speclm bench` runs it unless --methods says otherwise
     sync_twin: str | None = None  # the method drafting alike but synchronously (the bench's SSD projection)
 
@@ -162,9 +171,11 @@ register(Method("sd-draft", "speculative decoding with a draft model, fixed K", 
                 in_default_bench=True))
 register(Method("sd-ngram", "speculative decoding with prompt lookup (n-gram), fixed K", proposal="ngram",
                 in_default_bench=True))
-register(Method("auto", "goodput controller: K chosen every round from measured costs and acceptance, "
-                        "K = 0 (plain decoding) when speculation does not pay",
-                proposal="draft", adaptive=True, controller=_goodput))
+register(Method("sd-suffix", "suffix decoding: drafts from this request and earlier verified outputs, "
+                             "fixed K", proposal="suffix", default_k=16))
+register(Method("auto", "goodput controller: K chosen every round from measured costs and acceptance "
+                        "(per drafted token, for suffix decoding), K = 0 (plain decoding) when speculation "
+                        "does not pay", proposal="suffix", adaptive=True, controller=_goodput, default_k=16))
 register(Method("heuristic", "K += 2 after a full acceptance, else K -= 1 (up to k)",
                 proposal="draft", adaptive=True, controller=_heuristic))
 register(Method("ssd", "speculative speculative decoding: a speculator process pre-drafts the next block "

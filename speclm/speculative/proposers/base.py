@@ -16,13 +16,23 @@ class Draft:
 
     q[i] is the exact distribution d[i] was sampled from, or None when the
     proposer is deterministic for that token (one-hot q at d[i]).
+    confidence (optional, one per token) is the proposer's estimate of the
+    probability that d[i] is accepted given d[1..i-1] were; it only informs
+    how much of the block to verify, never the acceptance rule.
     """
 
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray | None] = field(default_factory=list)
+    confidence: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n tokens (and their q and confidence)."""
+        del self.tokens[n:], self.q[n:]
+        if self.confidence is not None:
+            del self.confidence[n:]
 
 
 class Proposer(ABC):
@@ -42,6 +52,10 @@ class Proposer(ABC):
     def round_info(self) -> dict | None:
         """Facts about the last propose() for the round trace (SSD: cache hit, waits)."""
         return None
+
+    def update(self, context: list[int]) -> None:
+        """The request's final context, just before close(): a proposer that learns
+        from verified output sees the last round too (default: nothing)."""
 
     def close(self) -> None:
         """Release resources (KV sequences, models). Safe to call twice."""
