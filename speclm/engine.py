@@ -10,6 +10,10 @@ their rounds fairly (round-robin, one round each per turn).
 Submitting beyond max_concurrency queues the request (bounded by
 max_queue; beyond that `EngineFullError`). Cancelling frees the request's
 KV sequence at the scheduler's next turn.
+
+The scheduler holds `llm.backend_lock` for each round it runs, so work another
+thread does on the same models (the cost-model calibration of a new `auto`
+request, `llm.generate`) runs between rounds, never inside one.
 """
 
 from __future__ import annotations
@@ -186,25 +190,29 @@ class Engine:
                     self._lock.wait()
                 if self._stop and not self._active and not self._pending:
                     return
-                for entry in [e for e in self._pending if e[0].cancelled]:  # never admitted
+                dropped = [e for e in self._pending if e[0].cancelled]  # never admitted
+                for entry in dropped:
                     self._pending.remove(entry)
-                    entry[1].close()
-                    entry[0]._finish(entry[1].result())
                 while self._pending and len(self._active) < self.max_concurrency:
                     self._active.append(self._pending.popleft())
                 batch = list(self._active)
+            for handle, gen in dropped:
+                with self.llm.backend_lock:
+                    gen.close()
+                handle._finish(gen.result())
             for handle, gen in batch:
                 finished = True
                 try:
-                    if handle.cancelled:
-                        gen.close()
+                    with self.llm.backend_lock:
+                        if handle.cancelled:
+                            gen.close()
+                        elif not gen.step():
+                            finished = False
+                    if finished:
                         handle._finish(gen.result())
-                    elif gen.step():
-                        handle._finish(gen.result())
-                    else:
-                        finished = False
                 except BaseException as exc:  # a failed request must not stop the others
-                    gen.close()
+                    with self.llm.backend_lock:
+                        gen.close()
                     handle._finish(None, exc)
                 if finished:
                     with self._lock:

@@ -22,16 +22,17 @@ from speclm import LLM, SpecConfig
 from speclm.backends.toy import TOY_ALPHABET, ToyBackend
 from speclm.server import ServerConfig, create_app
 from speclm.server.cli import Server, add_serve_parser, build_app, cmd_serve
+from speclm.speculative.methods import DEFAULT_METHOD
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 
 
 @contextmanager
-def live(app) -> Iterator[tuple[str, Server]]:
-    """Serve `app` on a free loopback port in a background thread."""
+def live(app, **config) -> Iterator[tuple[str, Server]]:
+    """Serve `app` on a free loopback port in a background thread (config: uvicorn.Config's)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = Server(uvicorn.Config(app, log_level="warning"))
+    server = Server(uvicorn.Config(app, log_level="warning", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -394,7 +395,7 @@ def test_serve_parser_and_app(monkeypatch):
     llm, app = build_app(args)
     try:
         state = app.state.speclm
-        assert state.model_id == "smollm2-135m" and state.spec.method == "ar"
+        assert state.model_id == "smollm2-135m" and state.spec.method == DEFAULT_METHOD
         assert state.config.api_key == "from-env" and state.config.max_concurrency == 2
         with live(app) as (url, _):
             assert httpx.get(url + "/v1/models").status_code == 401

@@ -18,9 +18,12 @@ Contracts:
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 
 import numpy as np
+
+from ..errors import InvalidRequestError
 
 
 class Backend(ABC):
@@ -35,7 +38,9 @@ class Backend(ABC):
 
     # ---- tokenizer -------------------------------------------------------
     @abstractmethod
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
+        """Token ids of text; add_special: prepend BOS (if the model has one);
+        special: text like "<|im_end|>" becomes that control token (False: plain text)."""
 
     @abstractmethod
     def token_bytes(self, token: int) -> bytes:
@@ -47,6 +52,29 @@ class Backend(ABC):
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         """Render chat messages into a prompt string with the model's template."""
         raise NotImplementedError(f"{self.name} has no chat template")
+
+    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Chat messages as prompt ids: the template's own markup may hold control
+        tokens, the messages' contents never do (they are plain text), so no
+        message can forge a turn ("<|im_start|>system..." stays text)."""
+        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        skeleton = self.apply_chat_template([{**m, "content": mk} for m, mk in zip(messages, marks)])
+        parts = re.split("\ue000(\\d+)\ue001", skeleton)
+        markup, order = parts[0::2], [int(i) for i in parts[1::2]]  # markup[j] precedes the j-th content
+        rendered = self.apply_chat_template(messages)
+        for strip in (False, True):  # a template may strip the contents it renders
+            contents = [messages[i]["content"].strip() if strip else messages[i]["content"] for i in order]
+            if "".join(m + c for m, c in zip(markup, [*contents, ""])) == rendered:
+                break
+        else:
+            raise InvalidRequestError(f"the chat template of {self.name} rewrites message contents, so they "
+                                      "cannot be kept apart from its markup: send a rendered prompt to "
+                                      "/v1/completions instead")
+        ids: list[int] = []
+        for m, c in zip(markup, [*contents, ""]):
+            ids += self.tokenize(m, add_special=False, special=True) if m else []
+            ids += self.tokenize(c, add_special=False, special=False) if c else []
+        return ids
 
     # ---- sequences -------------------------------------------------------
     @abstractmethod

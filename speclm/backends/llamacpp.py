@@ -52,14 +52,17 @@ def _init_once() -> None:
         _initialised = True
 
 
-def quantize(source: Path, out: Path, ftype: int, n_threads: int | None = None) -> None:
+def quantize(source: Path, out: Path, ftype: int, n_threads: int | None = None, pure: bool = False) -> None:
     """Requantise GGUF `source` into `out` with llama.cpp's quantizer (ftype: a
-    LLAMA_FTYPE_* value); RuntimeError carrying llama.cpp's own reason on failure."""
+    LLAMA_FTYPE_* value); RuntimeError carrying llama.cpp's own reason on failure.
+    `pure`: every quantisable tensor gets the ftype's type, the output head and the
+    token embedding too (otherwise llama.cpp keeps those at a higher type, e.g. Q6_K)."""
     _init_once()
     params = L.llama_model_quantize_default_params()
     params.ftype = ftype
     params.allow_requantize = True  # the shipped models are already quantised
     params.nthread = n_threads or 0  # 0: all cores
+    params.pure = bool(pure)  # output_tensor_type / token_embedding_type stay "unset": pure covers them
     _recent_errors.clear()
     if L.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
         raise RuntimeError(_last_error())
@@ -119,11 +122,11 @@ class LlamaCppBackend(Backend):
         self.eos_ids = frozenset(t for t in range(self.vocab_size) if L.llama_vocab_is_eog(self._vocab, t))
 
     # ---- tokenizer -----------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         cap = len(data) + 8
         buf = (L.llama_token * cap)()
-        n = L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)
+        n = L.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, special)
         if n < 0:
             raise BackendError(f"tokenizer failed on a {len(data)}-byte text")
         return list(buf[:n])

@@ -55,7 +55,7 @@ class ToyBackend(Backend):
         return (rng.standard_normal(self.vocab_size) * self.sharpness).astype(np.float32)
 
     # ---- tokenizer -----------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:
         try:
             return [self.alphabet.index(ch) for ch in text]
         except ValueError:

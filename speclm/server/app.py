@@ -7,7 +7,12 @@ Contracts:
   Queue full: 429. Past config.request_timeout_s: the request is cancelled
   and answered 504 (streams: an error event, then `data: [DONE]`).
 - With config.api_key set, /v1/* and /metrics need `Authorization: Bearer KEY`
-  (401 otherwise); /health stays open. Bodies over config.max_body_bytes: 413.
+  (401 otherwise); /health stays open. Bodies over config.max_body_bytes: 413;
+  a body not received within config.body_timeout_s: 408 (and the connection closes).
+- Error messages escape what they echo (a lone surrogate renders as \\ud800).
+- Backends are used under llm.backend_lock only (the engine thread holds it per
+  round), so a request that calibrates a cost model never races a decode.
+- /health and /metrics report the SSD speculator (alive / lost, restarts).
 - A client that disconnects mid-stream has its request cancelled (its KV
   sequence is freed at the engine's next turn).
 - Shutdown (lifespan end, or `app.state.speclm.close()`) cancels in-flight
@@ -41,7 +46,7 @@ from ..metrics import GenerationResult
 from ..speculative.methods import get_method
 from .prom import RequestMetrics, ServerMetrics
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamError, Usage, _GenerationRequest,
-                      api_error, chunk_body, response_body, validation_error)
+                      api_error, chunk_body, printable, quoted, response_body, validation_error)
 
 
 @dataclass(frozen=True)
@@ -58,13 +63,14 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20
     request_timeout_s: float = 300.0
     default_spec: SpecConfig | None = None
+    body_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("max_tokens_limit", "max_concurrency", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.max_queue < 0 or not self.request_timeout_s > 0:
-            raise InvalidRequestError("max_queue must be >= 0 and request_timeout_s > 0")
+        if self.max_queue < 0 or not self.request_timeout_s > 0 or not self.body_timeout_s > 0:
+            raise InvalidRequestError("max_queue must be >= 0, request_timeout_s and body_timeout_s > 0")
 
 
 def _sse(obj: dict | str) -> str:
@@ -110,7 +116,7 @@ class ServerState:
             raise InvalidRequestError(f"the default method {self.spec.method} needs a draft model (--draft)")
         self.model_id = config.model_id or Path(llm.target.name).stem
         self.engine = Engine(llm, config.max_concurrency, config.max_queue)
-        self.metrics = ServerMetrics(lambda: self.engine.load)
+        self.metrics = ServerMetrics(lambda: self.engine.load, llm.speculator_state)
         self.created = int(time.time())
         self.closing = False
         self._accounting: set[asyncio.Task] = set()
@@ -124,8 +130,11 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_id:
-            raise APIError(404, f"The model `{model}` does not exist: this server serves `{self.model_id}`",
-                           param="model", code="model_not_found")
+            if printable(model) != model:
+                raise APIError(400, f"model must be valid Unicode text, got {quoted(model)}: send the "
+                               f"id `{self.model_id}`", param="model")
+            raise APIError(404, f"The model {quoted(model)} does not exist: this server serves "
+                           f"`{self.model_id}`", param="model", code="model_not_found")
 
     def submit(self, req: _GenerationRequest) -> RequestHandle:
         """Validate, tokenize and enqueue (blocking: run it in a worker thread)."""
@@ -257,7 +266,16 @@ class _Gate:
         return APIError(401, message, code="invalid_api_key").response({"WWW-Authenticate": "Bearer"})
 
     async def _read_body(self, receive: Receive) -> tuple[Receive, Response | None]:
-        """Buffer the body (<= the limit) and replay it; over the limit: drain, then 413."""
+        """Buffer the body (<= the limit) and replay it; over the limit: drain, then 413;
+        not all there within body_timeout_s: 408 (a stalled client holds no slot for long)."""
+        seconds = self.state.config.body_timeout_s
+        try:
+            return await asyncio.wait_for(self._buffer_body(receive), seconds)
+        except asyncio.TimeoutError:
+            return receive, APIError(408, f"the request body did not arrive within {seconds:g} s: send it "
+                                     "at once", code="request_timeout").response({"Connection": "close"})
+
+    async def _buffer_body(self, receive: Receive) -> tuple[Receive, Response | None]:
         limit, chunks, size = self.state.config.max_body_bytes, [], 0
         while (message := await receive())["type"] == "http.request":
             chunks.append(message.get("body", b""))
@@ -340,6 +358,9 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         running, queued = state.engine.load
         body = {"status": "shutting_down" if state.closing else "ok", "model": state.model_id,
                 "running": running, "queued": queued}
+        speculator = state.llm.speculator_state()
+        if speculator is not None:  # SSD in use: {"state": "alive" | "lost", "restarts", "pid", "reason"}
+            body["speculator"] = speculator
         return JSONResponse(body, 503 if state.closing else 200)
 
     @app.get("/metrics")

@@ -1,22 +1,29 @@
 """`speclm serve`: run the OpenAI-compatible server.
 
-Safe by default: binds 127.0.0.1 unless --host is given; --api-key (or the
-SPECLM_API_KEY environment variable) makes /v1/* and /metrics require
-`Authorization: Bearer KEY`. Ctrl-C / SIGTERM cancels in-flight requests
-(streams end with an error event and [DONE]) and exits.
+Safe by default: binds 127.0.0.1 unless --host is given; the SPECLM_API_KEY
+environment variable (or --api-key, which every local user can read in `ps`)
+makes /v1/* and /metrics require `Authorization: Bearer KEY`. Slow clients are
+bounded: a body must arrive within --body-timeout (408), idle keep-alive
+connections close after --keep-alive-timeout, and beyond --max-connections
+uvicorn answers 503. Ctrl-C / SIGTERM cancels in-flight requests (streams end
+with an error event and [DONE]), closes the LLM (the SSD speculator and its
+temporary socket directory included) and exits (SIGTERM: status 143).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
 
 from ..api import LLM
+from ..errors import InvalidRequestError
 from ..cli_options import add_spec_options, draft_for, spec_from_args, speculator_config
 from .app import ServerConfig, create_app
 
@@ -35,7 +42,8 @@ def add_serve_parser(subparsers) -> None:
                    "(default: qwen2.5-coder-0.5b when the target is the default)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` "
+    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`; prefer setting "
+                   "SPECLM_API_KEY in the environment: a flag is visible to every local user in `ps` "
                    "(default: $SPECLM_API_KEY, else none)")
     s.add_argument("--max-concurrency", type=int, default=4, help="requests generating at once")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond that (then 429)")
@@ -43,6 +51,12 @@ def add_serve_parser(subparsers) -> None:
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (413 beyond)")
     s.add_argument("--request-timeout", type=float, default=300.0, help="seconds before a request is "
                    "cancelled (504)")
+    s.add_argument("--body-timeout", type=float, default=30.0, help="seconds a client has to send its "
+                   "request body (408 beyond, and the connection closes)")
+    s.add_argument("--max-connections", type=int, default=None, help="open connections at most; uvicorn "
+                   "answers 503 beyond (default: max-concurrency + max-queue + 32)")
+    s.add_argument("--keep-alive-timeout", type=float, default=5.0, help="seconds an idle keep-alive "
+                   "connection stays open")
     s.add_argument("--model-id", default=None, help="the id clients pass as `model` "
                    "(default: the target's name)")
     s.add_argument("--n-ctx", type=int, default=4096, help="context length per sequence")
@@ -71,7 +85,8 @@ def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
             model_id=_model_id(args), max_tokens_limit=args.max_tokens_limit,
             max_concurrency=args.max_concurrency, max_queue=args.max_queue,
             api_key=args.api_key or os.environ.get("SPECLM_API_KEY") or None,
-            max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout, default_spec=spec)
+            max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout, default_spec=spec,
+            body_timeout_s=args.body_timeout)
         app = create_app(llm, config)
         llm.warmup(spec)
         return llm, app
@@ -91,14 +106,44 @@ class Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+def _connection_cap(args: argparse.Namespace) -> int:
+    if args.max_connections is not None and args.max_connections < 1 or not args.keep_alive_timeout > 0:
+        raise InvalidRequestError("--max-connections must be >= 1 and --keep-alive-timeout > 0")
+    return args.max_connections or args.max_concurrency + args.max_queue + 32
+
+
+def uvicorn_config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
+    """uvicorn's settings from the serve flags (the connection cap and keep-alive timeout)."""
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                          limit_concurrency=_connection_cap(args), timeout_keep_alive=args.keep_alive_timeout)
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through cmd_serve's `finally`, unlike SIGTERM's default
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Build the LLM and app, serve until interrupted; 0 on a clean exit."""
-    llm, app = build_app(args)
+    """Build the LLM and app, serve until interrupted; 0 on a clean exit.
+
+    uvicorn re-raises the SIGTERM it shut down on; with the default handler the
+    process would die there, before llm.close(). SystemExit instead lets the
+    LLM close: the speculator stops and its temporary directory is removed."""
+    _connection_cap(args)  # bad flags fail before the models load
+    if args.api_key:
+        print("speclm: warning: --api-key is visible to every local user (ps, /proc): set SPECLM_API_KEY "
+              "in the environment instead", file=sys.stderr)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:
-        if args.host not in _LOOPBACK and not app.state.speclm.config.api_key:
-            print(f"speclm: warning: serving on {args.host} without an API key: anyone who can reach "
-                  "this port can use the model (--api-key or SPECLM_API_KEY)", file=sys.stderr)
-        Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)).run()
+        llm, app = build_app(args)
+        try:
+            if args.host not in _LOOPBACK and not app.state.speclm.config.api_key:
+                print(f"speclm: warning: serving on {args.host} without an API key: anyone who can reach "
+                      "this port can use the model (SPECLM_API_KEY)", file=sys.stderr)
+            Server(uvicorn_config(app, args)).run()
+        finally:
+            llm.close()
     finally:
-        llm.close()
+        if main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0

@@ -5,6 +5,9 @@ requests per method:
 - acceptance rate          = Σ accepted / Σ drafted        (gauge, and the two counters)
 - mean acceptance length   = Σ (a_r + 1) / Σ rounds         (gauge, and the rounds counter)
 - per-position acceptance  = accepted_at[j] / proposed_at[j] (counter pair per position j)
+
+The SSD speculator: speclm_speculator_up (1 alive, 0 lost) and
+speclm_speculator_restarts_total, once an ssd request has started one.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,11 +28,37 @@ _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
 
-class ServerMetrics:
-    """All metrics of one app. `load()` returns the engine's (running, queued)."""
+class _SpeculatorCollector:
+    """The SSD speculator's state, read at each scrape (no samples before it exists)."""
 
-    def __init__(self, load: Callable[[], tuple[int, int]]):
+    def __init__(self, state: Callable[[], dict | None]):
+        self.state = state
+
+    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+        return (GaugeMetricFamily("speclm_speculator_up", "1 while the SSD speculator is alive, 0 once lost "
+                                  "(requests then draft synchronously until it is restarted)"),
+                CounterMetricFamily("speclm_speculator_restarts", "SSD speculators started to replace a lost one"))
+
+    def describe(self):
+        return self._families()
+
+    def collect(self):
+        up, restarts = self._families()
+        s = self.state()
+        if s is not None:
+            up.add_metric([], 1.0 if s["state"] == "alive" else 0.0)
+            restarts.add_metric([], float(s["restarts"]))
+        return up, restarts
+
+
+class ServerMetrics:
+    """All metrics of one app. `load()` returns the engine's (running, queued);
+    `speculator()` the SSD speculator's state (LLM.speculator_state)."""
+
+    def __init__(self, load: Callable[[], tuple[int, int]],
+                 speculator: Callable[[], dict | None] = lambda: None):
         self.registry = r = CollectorRegistry()
+        r.register(_SpeculatorCollector(speculator))
         self.requests = Counter("speclm_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=r)
         self.latency = Histogram("speclm_request_duration_seconds", "HTTP request latency "

@@ -45,10 +45,23 @@ class ParamError(InvalidRequestError):
         self.param = param
 
 
+def printable(text: str) -> str:
+    """text that renders as UTF-8 whatever a client sent: lone surrogates become \\udXXX escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def quoted(text: str, limit: int = 200) -> str:
+    """A client's string for an error message: repr-quoted (control characters and lone
+    surrogates escaped) and cut to `limit` characters."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return printable(repr(text))
+
+
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    """OpenAI's error object (the message made safe to render, whatever it echoes)."""
+    return {"error": {"message": printable(message), "type": type_,
+                      "param": None if param is None else printable(param), "code": code}}
 
 
 class APIError(Exception):
@@ -211,12 +224,12 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = None
 
     def prompt_ids(self, llm: LLM) -> list[int]:
-        """The messages rendered with the target's chat template, tokenized without
-        adding special tokens (the template has them)."""
+        """The messages rendered with the target's chat template: its markup tokenized
+        with control tokens, the contents as plain text (no message can forge a turn)."""
         messages = [m.as_template_input() for m in self.messages]
         if not any(m["content"].strip() for m in messages):
             raise ParamError("the messages are empty: give some text", "messages")
-        return llm.target.tokenize(llm.target.apply_chat_template(messages), add_special=False)
+        return llm.target.tokenize_chat(messages)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

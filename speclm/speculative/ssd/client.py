@@ -7,13 +7,17 @@ previous round's outcome (k accepted, bonus t*) off the new context, sends it,
 and gets the next block, pre-drafted while the target was verifying (a hit)
 or drafted now (a miss). The exact q of every drafted token travels with it.
 
-If the speculator dies or stops answering within `timeout_s`, the request goes
-on with a synchronous proposer (one log line): same output, nothing lost.
+If the speculator dies or stops answering within `timeout_s`, it is lost:
+every request goes on with a synchronous proposer (one log line): same output,
+nothing lost; the next SSD request restarts it (supervisor.py). If the
+speculator answers one request's block with an error, only that request goes
+on synchronously: the speculator keeps serving the others.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import subprocess
@@ -38,8 +42,15 @@ from .wire import block_from, decode, encode, params_to_dict
 log = logging.getLogger("speclm.ssd")
 
 
+MAX_SPECULATOR_SEQUENCES = 64  # llama.cpp's limit on one context's sequences
+
+
 class SpeculatorLost(Exception):
-    """The speculator died, timed out or answered with an error."""
+    """The speculator died, timed out or the transport failed: unusable for every request."""
+
+
+class SessionFailed(SpeculatorLost):
+    """The speculator answered this request's block with an error: only this request is affected."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +60,12 @@ class SpeculatorConfig:
     threads: llama.cpp threads of the draft; cores: CPU cores to pin it to
     (e.g. (1,)); addr: connect to a running `speclm speculator` (e.g.
     tcp://host:5555) instead of spawning one; timeout_s: longest wait for one
-    block before falling back; max_sequences: its KV sequences (sessions ×
-    (fan-out + 1)).
+    block before the speculator counts as lost; sessions: requests it serves at
+    once (None: the LLM's max_sequences); max_sequences: its KV sequences (None:
+    sessions × (fan-out + 1), at most 64). A lost speculator is restarted by the
+    next SSD request: at once the first time, then after restart_backoff_s,
+    doubling while it keeps dying within stable_s of its start; after
+    max_restarts such failures in a row SSD requests stay synchronous.
     """
 
     threads: int | None = 1
@@ -58,20 +73,34 @@ class SpeculatorConfig:
     addr: str | None = None
     timeout_s: float = 10.0
     start_timeout_s: float = 120.0
-    max_sequences: int = 24
+    max_sequences: int | None = None
+    sessions: int | None = None
     n_ctx: int = 4096
+    max_restarts: int = 5
+    restart_backoff_s: float = 1.0
+    stable_s: float = 60.0
+
+    def sized(self, n_ctx: int | None = None, sessions: int | None = None) -> SpeculatorConfig:
+        """This config for an LLM of n_ctx tokens serving `sessions` requests at once
+        (fields set explicitly are kept)."""
+        s = self.sessions or sessions or 1
+        seqs = self.max_sequences or min(MAX_SPECULATOR_SEQUENCES, s * (SSDOptions().fanout + 1))
+        return dataclasses.replace(self, n_ctx=n_ctx or self.n_ctx, sessions=s, max_sequences=seqs)
 
 
 class SpeculatorProcess:
     """A speculator worker (spawned, or reached at cfg.addr) shared by all requests."""
 
     def __init__(self, model: str, cfg: SpeculatorConfig = SpeculatorConfig()):
-        self.model, self.cfg = model, cfg
+        self.model, self.cfg = model, cfg.sized()
         self.ctx = zmq.Context()
         self.proc: subprocess.Popen | None = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._lock = threading.Lock()
         self.lost: str | None = None  # why the speculator is unusable, once it is
+        self.lost_at: float | None = None  # time.monotonic() when it was found lost
+        self.started_at = time.monotonic()
+        self._retired = False
         self.addr = cfg.addr or self._spawn()
         atexit.register(self.close)
         try:
@@ -85,7 +114,7 @@ class SpeculatorProcess:
         addr = f"ipc://{self._tmp.name}/speculator.sock"
         cmd = [sys.executable, "-m", "speclm.speculative.ssd.worker", "--bind", addr, "--model", self.model,
                "--n-ctx", str(self.cfg.n_ctx), "--max-sequences", str(self.cfg.max_sequences),
-               "--parent-pid", str(os.getpid())]
+               "--sessions", str(self.cfg.sessions), "--parent-pid", str(os.getpid())]
         if self.cfg.threads:
             cmd += ["--threads", str(self.cfg.threads)]
         if self.cfg.cores:
@@ -134,31 +163,82 @@ class SpeculatorProcess:
             raise SpeculatorLost(self.lost)
         return ZmqChannel(self)
 
+    def check(self) -> bool:
+        """Whether the speculator is usable; a spawned worker that exited is marked lost (and reaped)."""
+        if self.lost is None and self.proc is not None and self.proc.poll() is not None:
+            self.mark_lost(f"process {self.proc.pid} exited with {self.proc.returncode}")
+        return self.lost is None
+
     def mark_lost(self, why: str) -> None:
+        """Unusable from now on, for every request: one log line; a spawned worker
+        still running (hung) is terminated and reaped in the background."""
         with self._lock:
-            if self.lost is None:
-                self.lost = why
-                log.warning("SSD speculator lost (%s): requests continue on the synchronous draft path", why)
+            if self.lost is not None:
+                return
+            self.lost, self.lost_at = why, time.monotonic()
+        log.warning("SSD speculator lost (%s): requests continue on the synchronous draft path", why)
+        self._stop_process()
+
+    def _stop_process(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+
+        def reap() -> None:  # no zombie, however long it takes to die
+            try:
+                proc.wait(3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+        threading.Thread(target=reap, name="speclm-ssd-reaper", daemon=True).start()
+
+    def retire(self) -> None:
+        """Release a lost speculator (process reaped, temp directory removed) without
+        touching sockets other threads may still hold: its ZeroMQ context ends in
+        the background once they are closed (their next call fails: they fall back)."""
+        if self._retired:
+            return
+        self._retired = True
+        atexit.unregister(self.close)
+        self.mark_lost("retired")
+        if self.proc is not None:
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._cleanup_tmp()
+        if not self.ctx.closed:
+            threading.Thread(target=self.ctx.term, name="speclm-ssd-term", daemon=True).start()
+
+    def _cleanup_tmp(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        if getattr(self, "_stderr", None) is not None:
+            self._stderr.close()
+            self._stderr = None
 
     def close(self) -> None:
         """Shut the worker down (ask, then terminate, then kill); idempotent."""
         atexit.unregister(self.close)
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None and self.lost is None:
             sock = self._socket()
             try:
                 sock.send_multipart(encode({"op": "shutdown"}))
                 sock.poll(2000)
             finally:
                 sock.close()
+        if self.proc is not None:
             try:
                 self.proc.wait(3)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(3)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-        if not self.ctx.closed:
+        self._cleanup_tmp()
+        if not self.ctx.closed and not self._retired:  # a retired context is ending in the background
             self.ctx.destroy(linger=0)  # also closes channels of requests still in flight
 
 
@@ -192,12 +272,18 @@ class ZmqChannel:
                     raise SpeculatorLost(f"process {sp.proc.pid} exited with {sp.proc.returncode}")
                 if time.monotonic() > deadline:
                     raise SpeculatorLost(f"no answer within {sp.cfg.timeout_s:g} s")
-            reply, arrays = decode(self.sock.recv_multipart())
+            frames = self.sock.recv_multipart()
         except zmq.ZMQError as exc:
             raise SpeculatorLost(f"transport error: {exc}") from None
-        if not reply.get("ok"):
-            raise SpeculatorLost(f"speculator error: {reply.get('error')}")
-        return block_from(reply, arrays)
+        try:
+            reply, arrays = decode(frames)
+            if not reply.get("ok"):
+                raise SessionFailed(f"speculator error: {reply.get('error')}")
+            return block_from(reply, arrays)
+        except SessionFailed:
+            raise
+        except Exception as exc:
+            raise SessionFailed(f"malformed reply: {type(exc).__name__}: {exc}") from None
 
     def close(self) -> None:
         if not self.speculator.lost and not self.sock.closed:
@@ -232,7 +318,7 @@ class SSDProposer(Proposer):
                 self.channel.send(self._start_header(context, params))
                 self._started, self._begun_len = True, len(context)
             except SpeculatorLost as exc:
-                self._lose(str(exc))
+                self._lose(exc)
 
     def _start_header(self, context: list[int], params: SamplingParams) -> dict:
         return {"op": "start", "context": list(context), "params": params_to_dict(params),
@@ -246,7 +332,7 @@ class SSDProposer(Proposer):
             try:
                 block = self._next_block(context, params)
             except SpeculatorLost as exc:
-                self._lose(str(exc))
+                self._lose(exc)
             else:
                 self._ctx_len, self._block = len(context), list(block.tokens)
                 self._info = {"hit": block.hit, **block.info, "wait_ms": (time.perf_counter() - t0) * 1000}
@@ -269,10 +355,15 @@ class SSDProposer(Proposer):
             return self.channel.request({"op": "outcome", "k": a, "t": int(context[-1])})
         return self.channel.request({"op": "sync", "context": list(context)})
 
-    def _lose(self, why: str) -> None:
-        """Go on synchronously; one log line per lost speculator (none when it was
-        already known to be lost before this request opened a channel)."""
-        if self.channel is not None:
+    def _lose(self, exc: SpeculatorLost) -> None:
+        """Go on synchronously. A failed session (SessionFailed) concerns this request
+        only: one log line, the speculator stays in service. A lost speculator is
+        marked lost for all: one log line per speculator (none when it was already
+        known to be lost before this request opened a channel)."""
+        why = str(exc)
+        if isinstance(exc, SessionFailed):
+            log.warning("SSD block failed (%s): this request continues on the synchronous draft path", why)
+        elif self.channel is not None:
             speculator = getattr(self.channel, "speculator", None)
             if speculator is not None:
                 speculator.mark_lost(why)

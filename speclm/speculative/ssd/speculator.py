@@ -13,6 +13,10 @@ in-process to force hits (run to completion) or misses (never run).
 Invariants: `ctx` is the verified context (every token, the last included);
 `block` continues it; `logits[j]` are the draft's logits after
 ctx + block[:j]. Every drafted token is drawn from exactly the q sent with it.
+No sequence ever holds more than the backend's n_ctx tokens: blocks shrink
+(to empty) near the context end and no branch is planned past it. One
+session never takes more than its share of the backend's KV sequences
+(max_sequences / sessions, its main sequence included).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class _Branch:
     t: int
     seq: int
     prior: float  # the outcome's estimated probability: branches are drafted in this order
+    want: int  # tokens to draft: K, or fewer where the context ends
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray | None] = field(default_factory=list)
     logits: list[np.ndarray] = field(default_factory=list)
@@ -57,8 +62,12 @@ class SpeculatorSession:
     """One request's speculation state on the speculator's draft backend."""
 
     def __init__(self, backend: Backend, context: list[int], params: SamplingParams,
-                 opts: SSDOptions, k: int, seed: int | None = None, live_sessions=lambda: 1):
+                 opts: SSDOptions, k: int, seed: int | None = None, live_sessions=lambda: 1,
+                 sessions: int = 1):
+        """sessions: how many sessions the backend's sequences are shared by (the
+        verifier's concurrency); live_sessions(): how many are open now."""
         self.backend, self.params, self.opts, self.k = backend, params, opts, k
+        self.sessions = sessions
         self.rng = np.random.default_rng(None if seed is None else [seed, 0x55D])
         self.live_sessions = live_sessions
         self.ctx: list[int] = list(context)
@@ -153,7 +162,7 @@ class SpeculatorSession:
         would wait for it): the cache stops growing there."""
         if not self.deadline or self.cycle_ms is None or self.step_ms is None or self.t_reply is None:
             return False
-        if not any(len(b.tokens) >= self.k for b in self.branches.values()):
+        if not any(len(b.tokens) >= b.want for b in self.branches.values()):
             return False
         return (time.perf_counter() - self.t_reply) * 1000 + self.step_ms > self.cycle_ms
 
@@ -169,16 +178,33 @@ class SpeculatorSession:
             if j >= 0:
                 self.logits[j] = row
 
+    def _room(self, ctx_len: int) -> int:
+        """Tokens a block may have after a context of ctx_len tokens (<= 0: none)."""
+        return min(self.k, self.backend.n_ctx - ctx_len)
+
+    def _branch_budget(self) -> int:
+        """Branches this session may fork now: its fan-out, within its share of the
+        backend's sequences, leaving a main sequence for every session yet to start."""
+        cap = self.backend.max_sequences
+        if cap is None:
+            return self.opts.fanout
+        live = self.live_sessions()
+        sessions = max(self.sessions, live, 1)
+        free = cap - getattr(self.backend, "live_sequences", 0)
+        share = cap // sessions - 1  # our main sequence is part of our share
+        return max(0, min(self.opts.fanout, share, free - max(0, sessions - live)))
+
     def _plan(self) -> None:
-        """Fork one branch per likely outcome (k, t*), F_k of them at position k."""
+        """Fork one branch per likely outcome (k, t*), F_k of them at position k,
+        for the outcomes that leave room for a block."""
         kb = len(self.block)
-        caps = [self.backend.vocab_size - (1 if k < kb else 0) for k in range(kb + 1)]
-        room = (self.backend.max_sequences or 1 << 30) - getattr(self.backend, "live_sequences", 0)
-        budget = min(self.opts.fanout, max(0, room))
+        base = len(self.ctx)
+        caps = [self.backend.vocab_size - (1 if k < kb else 0) if self._room(base + k + 1) > 0 else 0
+                for k in range(kb + 1)]
+        budget = self._branch_budget()
         alpha = self.alpha.alpha(self.block_from_hit)
         fan = allocate_fanout(alpha, kb, budget, self.opts.r, caps)
         p_k = outcome_probs(alpha, kb)
-        base = len(self.ctx)
         for k, f in enumerate(fan):
             exclude = self.block[k] if k < kb else None
             q = softmax(self.logits[k])
@@ -186,12 +212,13 @@ class SpeculatorSession:
             for t in candidates(self.logits[k], f, exclude):
                 seq = self.backend.fork(self.main)
                 self.backend.rollback(seq, base + k)
-                self.branches[(k, t)] = _Branch(k, t, seq, p_k[k] * q[t] / max(rest, 1e-12))
+                self.branches[(k, t)] = _Branch(k, t, seq, p_k[k] * q[t] / max(rest, 1e-12),
+                                                want=self._room(base + k + 1))
 
     def _draft_step(self) -> bool:
         """One draft forward for the `width` most likely unfinished branches (one
-        batch); False when every branch holds K tokens."""
-        todo = sorted((b for b in self.branches.values() if len(b.tokens) < self.k),
+        batch); False when every branch holds its K tokens (fewer at the context end)."""
+        todo = sorted((b for b in self.branches.values() if len(b.tokens) < b.want),
                       key=lambda b: -b.prior)[:max(1, self.opts.width)]
         if not todo:
             return False
@@ -221,18 +248,23 @@ class SpeculatorSession:
             neural = mode == "neural"
         keep = min(common_prefix_len(self.backend.tokens(self.main), new_ctx), len(new_ctx) - 1)
         self.backend.rollback(self.main, keep)
+        n = self._room(len(new_ctx))
+        if n <= 0:  # the context is full: nothing to draft, nothing to pre-draft
+            self._set(new_ctx, [], [], [], hit=False)
+            self.stage = "done"
+            return Block([], [], False, {"context_end": True})
         if not neural:
-            tokens = find_continuation(new_ctx, self.k, 2, 4)
+            tokens = find_continuation(new_ctx, n, 2, 4)[:n]
             self._set(new_ctx, tokens, [None] * len(tokens), [], hit=False)
             return Block(tokens, [None] * len(tokens), False, {"fallback": "cheap"})
         logits = self.backend.prefill(self.main, new_ctx[keep:])
         tokens, qs, rows = [], [], []
-        for i in range(self.k):
+        for i in range(n):
             tok, q = self._draw(logits)
             tokens.append(tok)
             qs.append(q)
             rows.append(logits)
-            if i + 1 < self.k:
+            if i + 1 < n:
                 logits = self.backend.prefill(self.main, [tok])
         self._set(new_ctx, tokens, qs, rows, hit=False)
         return Block(tokens, qs, False, {"fallback": "neural"})

@@ -60,7 +60,7 @@ def opts_from(d: dict) -> SSDOptions:
     return SSDOptions(**d)
 
 
-def session_from_start(backend, header: dict, live_sessions=lambda: 1) -> SpeculatorSession:
-    """The speculator session a "start" request asks for."""
+def session_from_start(backend, header: dict, live_sessions=lambda: 1, sessions: int = 1) -> SpeculatorSession:
+    """The speculator session a "start" request asks for (sessions: how many share the backend)."""
     return SpeculatorSession(backend, header["context"], params_from(header["params"]), opts_from(header["opts"]),
-                             header["k"], header.get("seed"), live_sessions=live_sessions)
+                             header["k"], header.get("seed"), live_sessions=live_sessions, sessions=sessions)

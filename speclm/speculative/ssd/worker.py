@@ -8,6 +8,10 @@ One ZeroMQ ROUTER socket serves every verifier session (each a REQ socket).
 Between messages the loop runs one pre-drafting unit at a time, round-robin
 over sessions, and polls the socket after each, so an outcome is answered as
 soon as the current draft forward ends.
+
+A failure inside one session (answering a message, or pre-drafting) closes
+that session only: its next message is answered {"ok": false, "error"} (the
+verifier drafts that request synchronously) and the worker serves the others.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 import zmq
 
 from ...backends.base import Backend
+from .options import SSDOptions
 from .speculator import SpeculatorSession
 from .wire import block_frames, decode, encode, session_from_start
 
@@ -56,40 +61,52 @@ def load_model(spec: str, n_ctx: int, threads: int | None, max_sequences: int) -
 
 
 class Worker:
-    """Sessions by id on one draft backend."""
+    """Sessions by id on one draft backend, shared by up to `sessions` of them."""
 
-    def __init__(self, backend: Backend):
-        self.backend = backend
+    def __init__(self, backend: Backend, sessions: int = 1):
+        self.backend, self.max_sessions = backend, sessions
         self.sessions: dict[str, SpeculatorSession] = {}
+        self.failed: dict[str, str] = {}  # sid -> why pre-drafting failed (told at its next message)
         self._turn = 0
 
     def handle(self, header: dict) -> list[bytes]:
-        op = header.get("op")
+        """The reply to one message; never raises (a failure is the reply {"ok": false},
+        and closes the message's session)."""
         try:
-            if op == "hello":
-                return encode({"ok": True, "pid": os.getpid(), "model": self.backend.name,
-                               "vocab_size": self.backend.vocab_size})
-            if op == "start":
-                self._close(header["sid"])
-                s = session_from_start(self.backend, header, live_sessions=lambda: len(self.sessions))
-                self.sessions[header["sid"]] = s
-                return block_frames(s.start())
-            if op == "outcome":
-                return block_frames(self._session(header).resolve(int(header["k"]), int(header["t"])))
-            if op == "sync":
-                return block_frames(self._session(header).sync(header["context"]))
-            if op == "close":
-                self._close(header["sid"])
-                return encode({"ok": True})
-            if op == "stats":
-                return encode({"ok": True, "sessions": len(self.sessions),
-                               "live_sequences": getattr(self.backend, "live_sequences", None)})
-            if op == "shutdown":
-                return encode({"ok": True})
-            return encode({"ok": False, "error": f"unknown op {op!r}"})
+            return self._handle(header)
         except Exception as exc:  # the verifier falls back; the worker keeps serving others
-            self._close(header.get("sid"))
+            try:
+                self._close(header.get("sid"))
+            except Exception:  # noqa: BLE001 - no session to close (e.g. not a JSON object)
+                pass
             return encode({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+    def _handle(self, header: dict) -> list[bytes]:
+        op = header.get("op")
+        if op in ("outcome", "sync") and header.get("sid") in self.failed:
+            return encode({"ok": False, "error": f"pre-drafting failed: {self.failed.pop(header['sid'])}"})
+        if op == "hello":
+            return encode({"ok": True, "pid": os.getpid(), "model": self.backend.name,
+                           "vocab_size": self.backend.vocab_size})
+        if op == "start":
+            self._close(header["sid"])
+            s = session_from_start(self.backend, header, live_sessions=lambda: len(self.sessions),
+                                   sessions=self.max_sessions)
+            self.sessions[header["sid"]] = s
+            return block_frames(s.start())
+        if op == "outcome":
+            return block_frames(self._session(header).resolve(int(header["k"]), int(header["t"])))
+        if op == "sync":
+            return block_frames(self._session(header).sync(header["context"]))
+        if op == "close":
+            self._close(header["sid"])
+            return encode({"ok": True})
+        if op == "stats":
+            return encode({"ok": True, "sessions": len(self.sessions),
+                           "live_sequences": getattr(self.backend, "live_sequences", None)})
+        if op == "shutdown":
+            return encode({"ok": True})
+        return encode({"ok": False, "error": f"unknown op {op!r}"})
 
     def _session(self, header: dict) -> SpeculatorSession:
         s = self.sessions.get(header.get("sid"))
@@ -98,28 +115,47 @@ class Worker:
         return s
 
     def _close(self, sid) -> None:
+        self.failed.pop(sid, None)
         s = self.sessions.pop(sid, None)
         if s is not None:
-            s.close()
+            try:
+                s.close()
+            except Exception as exc:  # its sequences may leak; the worker stays up
+                print(f"speculator: closing session {sid}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def work_once(self) -> bool:
-        """One pre-drafting unit for the next session with work; False if none has any."""
+        """One pre-drafting unit for the next session with work; False if none has any.
+        A session whose pre-drafting raises is closed and its failure kept for its next message."""
         ids = list(self.sessions)
         for i in range(len(ids)):
             sid = ids[(self._turn + i) % len(ids)]
-            if self.sessions[sid].work():
+            try:
+                more = self.sessions[sid].work()
+            except Exception as exc:
+                self._close(sid)
+                self.failed[sid] = f"{type(exc).__name__}: {exc}"
+                continue
+            if more:
                 self._turn = (self._turn + i + 1) % max(1, len(ids))
                 return True
         return False
+
+    def answer(self, frames: list[bytes]) -> tuple[list[bytes], bool]:
+        """(reply frames, whether to stop) for one request's frames; never raises."""
+        try:
+            header, _ = decode(frames)
+        except Exception as exc:
+            return encode({"ok": False, "error": f"malformed message: {type(exc).__name__}: {exc}"}), False
+        return self.handle(header), isinstance(header, dict) and header.get("op") == "shutdown"
 
     def serve(self, sock: zmq.Socket, parent_pid: int | None) -> None:
         busy = False
         while True:
             if sock.poll(0 if busy else 100):
                 ident, empty, *frames = sock.recv_multipart()
-                header, _ = decode(frames)
-                sock.send_multipart([ident, empty, *self.handle(header)])
-                if header.get("op") == "shutdown":
+                reply, stop = self.answer(frames)
+                sock.send_multipart([ident, empty, *reply])
+                if stop:
                     return
                 busy = True
             else:
@@ -136,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", default=None, help="CPU cores to pin to, e.g. 1 or 2,3")
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--max-sequences", type=int, default=24, help="KV sequences: sessions × (fan-out + 1)")
+    ap.add_argument("--sessions", type=int, default=None, help="requests served at once: each may fork "
+                    "max-sequences / sessions - 1 branches (default: max-sequences / (fan-out 8 + 1))")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the verifier's: it shuts us down
@@ -156,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        Worker(backend).serve(sock, args.parent_pid)
+        sessions = args.sessions or max(1, args.max_sequences // (SSDOptions().fanout + 1))
+        Worker(backend, sessions).serve(sock, args.parent_pid)
     finally:
         sock.close()
         ctx.term()
