@@ -297,3 +297,90 @@ def test_manifest_names_a_prepared_variant_with_its_recorded_sha256(monkeypatch)
     d = manifest.describe_model("smollm2-135m@q8_0", None)
     assert d["source"] == "variant" and d["sha256"] == "ab" * 32 and d["quant"] == "q8_0"
     assert d["source_sha256"] == "cd" * 32
+
+
+# ---- copy workloads run as sequences; the report splits them into halves -------------
+def code_block(prompt: str) -> str:
+    return prompt.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_copy_categories_are_chat_prompts_that_fit_and_hold_what_they_promise(smollm):
+    """extract repeats one schema over different documents; multi-turn-edit is a chain of
+    small edits of one 30-70 line module; rag-quote asks for quotes from long passages."""
+    import ast
+    import difflib
+    sets = {cat: workloads.builtin_prompts(cat) for cat in ("extract", "multi-turn-edit", "rag-quote")}
+    for cat, ps in sets.items():
+        assert cat in workloads.CATEGORIES and len(ps) >= 12 and all(p.chat for p in ps)
+        assert [p.index for p in ps] == list(range(len(ps))) and len({p.prompt for p in ps}) == len(ps)
+        # fits n_ctx 4096 with 256 new tokens; SmolLM2's BPE stands in for Qwen's, half the window for the gap
+        assert all(len(smollm.encode(p.prompt, chat=True)) + 256 < 4096 // 2 for p in ps)
+    heads = {p.prompt.split("\n\nDocument:\n")[0] for p in sets["extract"]}
+    docs = {p.prompt.split("\n\nDocument:\n")[1] for p in sets["extract"]}
+    assert len(heads) == 1 and '"items": [{' in heads.pop() and len(docs) == len(sets["extract"])
+    files = [code_block(p.prompt) for p in sets["multi-turn-edit"]]
+    for before, after in zip(files, files[1:]):
+        ast.parse(after)
+        changed = [ln for ln in difflib.ndiff(before.splitlines(), after.splitlines()) if ln[:1] in "+-"]
+        assert 1 <= len(changed) <= 12  # the previous answer: the file with one small edit
+    assert all(30 <= len(f.splitlines()) <= 70 for f in files)
+    passages = [p.prompt.split("\n\nDocument:\n")[1].split("\n\nQuestion: ")[0] for p in sets["rag-quote"]]
+    assert all(350 <= len(text.split()) <= 600 for text in passages)  # ~450-800 tokens
+    assert all("word for word" in p.prompt and "\n\nQuestion: " in p.prompt for p in sets["rag-quote"])
+
+
+def test_prompts_run_per_category_in_index_order():
+    """The runner groups a category's prompts (categories in first-seen order) and runs them by index."""
+    from speclm.bench import runner
+    p = [workloads.Prompt(c, i, (0, 1, 2, i), chat=False) for c, i in (("b", 1), ("a", 0), ("b", 0), ("a", 1))]
+    assert [(x.category, x.index) for x in runner.run_order(p)] == [("b", 0), ("b", 1), ("a", 0), ("a", 1)]
+    ordered = workloads.load_builtin(["multi-turn-edit", "extract"], 3)
+    assert runner.run_order(ordered) == ordered
+    llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
+    run = runner.run_bench(llm, p, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[4], repeats=2))
+    assert [(r["repeat"], r["category"], r["prompt_index"]) for r in run.requests if r["method"] == "ar"] == [
+        (rep, c, i) for rep in (0, 1) for c, i in (("b", 0), ("b", 1), ("a", 0), ("a", 1))]
+
+
+def test_halves_on_known_records():
+    """RECORDS: sd-ngram K=4 is 2× on prompt 0 and 0.5× on prompt 1; sd-draft 1.25× on both."""
+    from speclm.bench import halves
+    assert halves.split([4, 0, 2, 1, 3, 0]) == ([0, 1], [2, 3, 4])
+    rows = {(r["method"], r["half"]): r for r in halves.halves(RECORDS)}
+    assert set(rows) == {("sd-ngram", 1), ("sd-ngram", 2), ("sd-draft", 1), ("sd-draft", 2)}
+    assert rows[("sd-ngram", 1)]["prompt_indices"] == [0] and rows[("sd-ngram", 2)]["prompt_indices"] == [1]
+    assert rows[("sd-ngram", 1)]["speedup"] == pytest.approx(2.0)
+    assert rows[("sd-ngram", 2)]["speedup"] == pytest.approx(0.5)
+    assert rows[("sd-draft", 1)]["speedup"] == rows[("sd-draft", 2)]["speedup"] == pytest.approx(1.25)
+    assert all(r["requests"] == 2 and r["acceptance_rate"] == pytest.approx(0.5) for r in rows.values())
+    assert halves.halves([r for r in RECORDS if r["prompt_index"] == 0]) == []  # one prompt: no halves
+    md = "\n".join(halves.render(list(rows.values())))
+    assert "## First half vs second half" in md
+    assert "| code | sd-ngram K=4 | 0 | 0–0 / 1–1 | 2.00× → 0.50× |" in md
+
+
+def test_toy_run_reports_halves_computed_from_each_halfs_requests(tmp_path):
+    data = write(tmp_path, [{"category": "seq", "prompt": p} for p in
+                            ("abcabcabc", "abcdabcd", "bcabcabca", "cabcabcab", "dcbadcba")]
+                 + [{"category": "solo", "prompt": "abab"}])
+    llm = LLM(target=ToyBackend(6, seed=4, n_ctx=256))
+    cfg = BenchConfig(methods=["sd-ngram"], ks=[2, 3], max_new_tokens=[10], repeats=2)
+    bench_cli.run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", progress=False)
+    requests = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    seq_ar = [r["prompt_index"] for r in requests if r["method"] == "ar" and r["category"] == "seq"]
+    assert seq_ar == [0, 1, 2, 3, 4] * 2  # in order, once per repeat
+    rows = summary["halves"]
+    assert {(r["category"], r["k"], r["half"]) for r in rows} == {("seq", k, h) for k in (2, 3) for h in (1, 2)}
+    for row in rows:
+        indices = [0, 1] if row["half"] == 1 else [2, 3, 4]
+        assert row["prompt_indices"] == indices and row["method"] == "sd-ngram"
+        mine = [r for r in requests if r["category"] == "seq" and r["prompt_index"] in indices]
+        sd = [r for r in mine if r["method"] == "sd-ngram" and r["k"] == row["k"]]
+        ar = [r for r in mine if r["method"] == "ar"]
+        assert row["requests"] == len(sd) == 2 * len(indices) and row["prompts"] == len(indices)
+        assert row["speedup"] == pytest.approx(sum(r["wall_ms"] for r in ar) / sum(r["wall_ms"] for r in sd))
+        proposed = sum(r["proposed"] for r in sd)
+        assert proposed > 0 and row["acceptance_rate"] == pytest.approx(sum(r["accepted"] for r in sd) / proposed)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## First half vs second half" in md and "| seq | sd-ngram K=3 | 0 | 0–1 / 2–4 |" in md

@@ -247,3 +247,94 @@ def test_compare_produces_every_field(cache: Path, capsys: pytest.CaptureFixture
     print_table(result)
     table = capsys.readouterr().out
     assert "v(4) ms" in table and "perplexity" in table and "load average" in table
+
+
+# ---- pure variants: the output head and token embedding quantised too --------------
+Q4P = f"{SMOL}@q4_0-pure"
+GGML_F32, GGML_Q4_0 = 0, 2  # ggml_type ids
+
+
+def gguf_tensor_types(path: Path) -> dict[str, int]:
+    """{tensor name: ggml type id} read from a GGUF file's header (format v2/v3)."""
+    import struct
+    scalars = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    with open(path, "rb") as fh:
+        def read(fmt: str):
+            return struct.unpack("<" + fmt, fh.read(struct.calcsize("<" + fmt)))[0]
+
+        def string() -> str:
+            return fh.read(read("Q")).decode()
+
+        def value(kind: int) -> None:
+            if kind == 8:
+                string()
+            elif kind == 9:
+                item, n = read("I"), read("Q")
+                for _ in range(n):
+                    value(item)
+            else:
+                read(scalars[kind])
+        assert fh.read(4) == b"GGUF"
+        read("I")
+        n_tensors, n_kv = read("Q"), read("Q")
+        for _ in range(n_kv):
+            string()
+            value(read("I"))
+        types = {}
+        for _ in range(n_tensors):
+            name = string()
+            for _ in range(read("I")):
+                read("Q")
+            types[name] = read("I")
+            read("Q")
+        return types
+
+
+def test_pure_names_parse_round_trip_and_hint_at_the_pure_flag(cache: Path) -> None:
+    assert variants.derived_name(SMOL, "Q4_0", pure=True) == Q4P == variants.derived_name(SMOL, "q4_0-PURE")
+    assert variants.derived_name(SMOL, "q4_0") == Q4
+    assert variants.split_name(f"{SMOL}@Q4_0-Pure") == (SMOL, "q4_0-pure")
+    assert variants.parse_quant("q4_0-pure") == ("q4_0", True) and variants.parse_quant("Q8_0") == ("q8_0", False)
+    with pytest.raises(ModelError, match="unknown quantisation type"):
+        variants.split_name(f"{SMOL}@q4_0-impure")
+    with pytest.raises(ModelError, match=r"run `speclm models prepare smollm2-135m --quant q5_0 --pure`"):
+        catalog.resolve_model(f"{SMOL}@q5_0-pure")
+
+
+def test_pure_variant_is_prepared_listed_resolved_verified_and_differs(scratch: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`prepare --pure` writes NAME@QUANT-pure, where every quantised tensor, the
+    token embedding (SmolLM2's tied output head) included, is QUANT."""
+    assert run_cli("models", "prepare", SMOL, "--quant", "Q4_0", "--pure", "--threads", "1") == 0
+    path, plain_path = scratch / f"{Q4P}.gguf", scratch / f"{Q4}.gguf"
+    assert capsys.readouterr().out.strip() == f"{Q4P}  {path}"
+    manifest = variants.read_manifest()
+    entry = manifest[Q4P]
+    assert (entry["quant"], entry["pure"], entry["file"]) == ("q4_0", True, path.name)
+    assert entry["sha256"] == store.sha256_file(path) != manifest[Q4]["sha256"]
+    # resolvable by name (any case), listed, verified; the plain variant is untouched
+    assert catalog.resolve_model(Q4P) == catalog.resolve_model(f"{SMOL}@Q4_0-PURE") == path
+    assert variants.prepare_variant(SMOL, "q4_0", pure=True) == path  # a good one is reused
+    rows = {v.name: v for v in variants.list_variants()}
+    assert (rows[Q4P].quant, rows[Q4P].pure, rows[Q4P].state) == ("q4_0", True, "ready")
+    assert (rows[Q4].quant, rows[Q4].pure, rows[Q4].state) == ("q4_0", False, "ready")
+    assert run_cli("models", "list") == 0 and Q4P in capsys.readouterr().out
+    assert run_cli("models", "verify", Q4P, Q4) == 0
+    assert f"OK       {Q4P}" in capsys.readouterr().out
+    # it differs from the plain variant where it should: the embedding is q4_0, not kept higher
+    pure, plain = gguf_tensor_types(path), gguf_tensor_types(plain_path)
+    assert set(pure) == set(plain)
+    assert {t for t in pure.values() if t != GGML_F32} == {GGML_Q4_0}
+    assert plain["token_embd.weight"] != GGML_Q4_0 == pure["token_embd.weight"]
+    assert path.stat().st_size < plain_path.stat().st_size
+    from speclm import LLM, SamplingParams, SpecConfig
+    with LLM(target=Q4P, n_ctx=256, n_threads=1) as llm:
+        out = llm.generate("def add(a, b):", SamplingParams(max_new_tokens=4, ignore_eos=True), SpecConfig(method="ar"))
+        assert len(out.token_ids) == 4
+    # damage names the pure rebuild; verify --repair rebuilds it pure
+    flip_byte(path)
+    with pytest.raises(CorruptModelError, match=r"--quant q4_0 --pure --force"):
+        catalog.resolve_model(Q4P)
+    assert run_cli("models", "verify", Q4P, "--repair") == 0
+    assert f"REPAIRED {Q4P}" in capsys.readouterr().out
+    assert store.sha256_file(path) == entry["sha256"] and variants.read_manifest()[Q4P]["pure"] is True

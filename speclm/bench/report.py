@@ -28,26 +28,29 @@ PAIR_KEYS = ("category", "prompt_index", "repeat", "temperature", "max_new_token
 
 
 # ---- per-request counts ------------------------------------------------------
-def _pa(r) -> tuple[int, int]:
-    """(proposed, accepted) of a RoundRecord or of its dict form."""
-    return (r["proposed"], r["accepted"]) if isinstance(r, dict) else (r.proposed, r.accepted)
+def _pae(r) -> tuple[int, int, int]:
+    """(proposed, accepted, emitted) of a RoundRecord or of its dict form (delivered accounting)."""
+    if isinstance(r, dict):
+        return r["proposed"], r["accepted"], r.get("emitted", r["accepted"] + 1)
+    return r.proposed, r.accepted, r.emitted
 
 
 def round_counts(rounds: Iterable) -> dict:
     """Sufficient statistics of a trace: totals, and per position j = 1..max K the
-    rounds with K_r ≥ j (eligible), with a_r ≥ j (accepted) and rejected exactly at j."""
-    pairs = [_pa(r) for r in rounds]
-    max_k = max((k for k, _ in pairs), default=0)
+    rounds with K_r ≥ j (eligible), with a_r ≥ j (accepted) and rejected exactly at j.
+    A round cut short by EOS or a stop delivers fewer tokens: it counts no rejection."""
+    rows = [_pae(r) for r in rounds]
+    max_k = max((k for k, _, _ in rows), default=0)
     elig, acc, rej = [0] * max_k, [0] * max_k, [0] * max_k
-    for k, a in pairs:
+    for k, a, e in rows:
         for j in range(k):
             elig[j] += 1
             acc[j] += a > j
-        if a < k:
+        if a < k and e == a + 1:  # the round's last token (a correction) was delivered: a true rejection
             rej[a] += 1
-    return {"rounds": len(pairs), "proposed": sum(k for k, _ in pairs),
-            "accepted": sum(a for _, a in pairs), "emitted": sum(a + 1 for _, a in pairs),
-            "full_accepts": sum(1 for k, a in pairs if k > 0 and a == k),
+    return {"rounds": len(rows), "proposed": sum(k for k, _, _ in rows),
+            "accepted": sum(a for _, a, _ in rows), "emitted": sum(e for _, _, e in rows),
+            "full_accepts": sum(1 for k, a, _ in rows if k > 0 and a == k),
             "pos_eligible": elig, "pos_accepted": acc, "rejection_hist": rej}
 
 
@@ -254,10 +257,12 @@ def divergences(requests: Sequence[dict]) -> list[dict]:
 
 
 def build_summary(run, config: dict) -> dict:
-    """summary.json: rows, verdicts, identity, concurrency, load and warnings of a BenchRun."""
+    """summary.json: rows, verdicts, halves, identity, concurrency, load and warnings of a BenchRun."""
+    from .halves import halves
     from .projection import project
     rows = group_rows(run.requests)
-    return {"config": config, "rows": rows, "verdicts": verdicts(rows), "ssd_projection": project(run.requests),
+    return {"config": config, "rows": rows, "verdicts": verdicts(rows), "halves": halves(run.requests),
+            "ssd_projection": project(run.requests),
             "identity_divergences": divergences(run.requests), "concurrency": run.concurrency,
             "load_before": list(run.load_before), "load_after": list(run.load_after),
             "warnings": list(run.warnings), "wall_s": run.ended - run.started,
@@ -337,10 +342,12 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
               for v in summary["verdicts"]]
     if summary.get("variants"):
         parts += render_variants(summary["variants"])
+    from .halves import render as render_halves
     from .projection import render as render_projection
     ssd_part = render_ssd(summary["rows"]) + render_projection(summary.get("ssd_projection", []))
+    halves_part = render_halves(summary.get("halves", []))  # first vs second half of each category
     parts += ["", "## Results", "", "speedup = Σ AR wall / Σ method wall over the same prompts in this run; "
-              "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", md_table(MAIN_HEADER, table_rows(summary)), *ssd_part, "",
+              "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", md_table(MAIN_HEADER, table_rows(summary)), *halves_part, *ssd_part, "",
               "## Distributions (ms)", ""]
     dist_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                   *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))

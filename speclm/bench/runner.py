@@ -6,6 +6,12 @@ right after it on the same prompt, so machine noise hits all alike. Every
 request yields one record (see `request_record`) and its per-round trace;
 a `TraceSink` streams both to JSONL as they are produced.
 
+Order (`run_order`): a category's prompts run as a sequence, contiguous and
+in index (file) order, categories in the order first given; every repeat
+runs the whole sequence again. A cross-request cache therefore sees prompt
+i before prompt i + 1, and the report's first-half / second-half split
+(halves.py) shows what it learned.
+
 Concurrency mode keeps N requests in flight through `speclm.engine.Engine`
 (N closed-loop clients: each submits its next prompt when its last finishes).
 The LLM must hold at least N sequences (LLM(max_sequences=N)).
@@ -181,6 +187,13 @@ def _params(cfg: BenchConfig, temperature: float, max_new: int, seed: int) -> Sa
                           ignore_eos=cfg.ignore_eos)
 
 
+def run_order(prompts: Sequence[Prompt]) -> list[Prompt]:
+    """`prompts` as they run: grouped by category (first-seen order), each category in
+    index order. A list from workloads.select is already in this order and stays as is."""
+    rank = {c: i for i, c in enumerate(dict.fromkeys(p.category for p in prompts))}
+    return sorted(prompts, key=lambda p: (rank[p.category], p.index))  # stable: equal indices keep their order
+
+
 def encode_prompts(llm: LLM, prompts: Sequence[Prompt], max_new: int) -> list[list[int]]:
     """Token ids per prompt; a prompt that cannot fit with max_new tokens fails up front."""
     out = []
@@ -221,6 +234,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     warnings = [w for w in [busy_warning(load_before[0], cores)] if w]
     started = time.time()
     arms = arms if arms is not None else make_arms(cfg, llm)
+    prompts = run_order(prompts)
     encoded = encode_prompts(llm, prompts, max(cfg.max_new_tokens))
     warmup(arms, encoded[0])
     records: list[dict] = []

@@ -6,6 +6,18 @@ Built-in categories (each holds >= 20 prompts):
 - code-edit, chat, summarize, translate, math: prompts written for speclm, in
              speclm/bench/data/<category>.jsonl ({category, prompt} lines);
              run through the model's chat template.
+- extract, multi-turn-edit, rag-quote: workloads where copying is real (same
+             files, same chat template), written as sequences: a category's
+             prompts run in file order (runner.py), so a cross-request cache
+             (sd-suffix) can learn from the earlier ones, and the report splits
+             each category into its first and second half (halves.py).
+  extract          one JSON schema filled from 20 different invoices, receipts
+                   and e-mails (the instruction and schema repeat verbatim);
+  multi-turn-edit  21 successive small edits of one ~45-62 line module,
+                   inventory.py: prompt i carries the whole file as it is after
+                   edit i-1 (its expected answer is prompt i+1's file);
+  rag-quote        5 passages of ~450-500 words (~600-700 tokens), 4 questions
+                   each, answered by verbatim quotes from the passage.
 
 `load_dataset(path)` reads either Spec-Bench's question.jsonl (question_id,
 category, turns; the first turn is used) or a plain JSONL of {category,
@@ -25,7 +37,8 @@ from pathlib import Path
 
 from ..errors import SpeclmError
 
-CATEGORIES: tuple[str, ...] = ("humaneval", "code-edit", "chat", "summarize", "translate", "math")
+CATEGORIES: tuple[str, ...] = ("humaneval", "code-edit", "chat", "summarize", "translate", "math",
+                               "extract", "multi-turn-edit", "rag-quote")
 RAW_CATEGORIES = frozenset({"humaneval"})  # run without the chat template
 
 

@@ -97,12 +97,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    """Requantise a registered model; print the derived name and its path."""
+    """Requantise a registered model (--pure: head and embedding too); print the derived name and its path."""
     from speclm.models.variants import derived_name, prepare_variant
     if args.threads is not None and args.threads < 1:
         raise ModelError(f"--threads must be >= 1, got {args.threads}")
-    path = prepare_variant(args.name, args.quant, force=args.force, n_threads=args.threads)
-    print(f"{derived_name(args.name, args.quant)}  {path}")
+    pure = getattr(args, "pure", False)
+    path = prepare_variant(args.name, args.quant, force=args.force, n_threads=args.threads, pure=pure)
+    print(f"{derived_name(args.name, args.quant, pure)}  {path}")
     return 0
 
 
@@ -145,19 +146,24 @@ def add_models_parser(subparsers: Any) -> None:
     p_path.set_defaults(func=cmd_path)
 
     p_verify = sub.add_parser("verify", help="full sha256 check of models (all if none named)")
-    p_verify.add_argument("names", nargs="*", metavar="NAME", help="registered model names or NAME@QUANT variants")
+    p_verify.add_argument("names", nargs="*", metavar="NAME",
+                          help="registered model names or NAME@QUANT[-pure] variants")
     p_verify.add_argument("--repair", action="store_true",
                           help="delete and reassemble corrupt assembled models (rebuild corrupt variants)")
     p_verify.set_defaults(func=cmd_verify)
 
-    from speclm.models.variants import QUANTS
+    from speclm.models.variants import PURE_SUFFIX, QUANTS
     p_prep = sub.add_parser("prepare", help="requantise a registered model into the cache as NAME@QUANT",
                             description="Requantise a registered model with llama.cpp (e.g. to q4_0, whose "
-                                        "block forwards are cheap on CPUs) into the cache as NAME@QUANT. "
+                                        "block forwards are cheap on CPUs) into the cache as NAME@QUANT "
+                                        f"(NAME@QUANT{PURE_SUFFIX} with --pure). "
                                         "The result is a different model: output is lossless against it.")
     p_prep.add_argument("name", metavar="NAME", help="registered model name")
     p_prep.add_argument("--quant", required=True, metavar="TYPE", type=str.lower,
                         help=f"quantisation type: {', '.join(QUANTS)}")
+    p_prep.add_argument("--pure", action="store_true",
+                        help="quantise the output head and token embedding to TYPE too "
+                             f"(named NAME@TYPE{PURE_SUFFIX}); cheaper block verification on CPUs")
     p_prep.add_argument("--force", action="store_true", help="rebuild even if the variant exists (repairs it)")
     p_prep.add_argument("--threads", type=int, default=None, help="quantizer threads (default: all cores)")
     p_prep.set_defaults(func=cmd_prepare)

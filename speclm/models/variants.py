@@ -9,13 +9,19 @@ verified registered model to another type with llama.cpp's own quantizer
 A variant is a different model: speculative output is lossless against the
 variant, not against the model it was made from.
 
+``--pure`` (``NAME@QUANT-pure``, e.g. ``qwen2.5-coder-1.5b@q4_0-pure``) also
+quantises the output head and the token embedding to QUANT; a plain
+requantisation leaves them at a higher type (Q6_K/Q8_0), which makes every
+extra verified row pay for the head through a slow kernel (design note §6).
+The tag ``QUANT-pure`` is the variant's "quant" everywhere a name is parsed.
+
 Each prepared file is recorded in ``cache_dir()/variants.json`` (its size,
-sha256, mtime_ns, the source's sha256, the quant type and the llama-cpp-python
-version that made it). ``resolve_variant`` trusts a file whose size and
-mtime_ns still match that record and rehashes it otherwise, like store.py's
-stamps. The output is written to a temp file and renamed into place, so an
-interrupted prepare leaves a ``.<name>@<quant>.*.part`` file, never a short
-variant.
+sha256, mtime_ns, the source's sha256, the quant type, whether it is pure and
+the llama-cpp-python version that made it). ``resolve_variant`` trusts a file
+whose size and mtime_ns still match that record and rehashes it otherwise,
+like store.py's stamps. The output is written to a temp file and renamed into
+place, so an interrupted prepare leaves a ``.<name>@<quant>.*.part`` file,
+never a short variant.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from speclm.models.store import GGUF_MAGIC, CorruptModelError, cache_dir, get_sp
 
 MANIFEST = "variants.json"
 SEP = "@"
+PURE_SUFFIX = "-pure"  # NAME@q4_0-pure: head and token embedding quantised to q4_0 too
 
 # quant name -> (llama_cpp constant name, approximate bits per weight)
 QUANTS: dict[str, tuple[str, float]] = {
@@ -62,24 +69,38 @@ def check_quant(quant: str) -> str:
     return q
 
 
+def parse_quant(tag: str) -> tuple[str, bool]:
+    """(canonical quant, pure) of a quant tag ``QUANT`` or ``QUANT-pure`` (any case)."""
+    t = tag.strip().lower() if isinstance(tag, str) else tag
+    pure = isinstance(t, str) and t.endswith(PURE_SUFFIX)
+    return check_quant(t[:-len(PURE_SUFFIX)] if pure else t), pure
+
+
+def quant_tag(quant: str, pure: bool = False) -> str:
+    """The canonical tag: ``q4_0``, or ``q4_0-pure`` when pure (by the flag or already in ``quant``)."""
+    q, tagged = parse_quant(quant)
+    return q + (PURE_SUFFIX if pure or tagged else "")
+
+
 def ftype(quant: str) -> int:
-    """llama.cpp's LLAMA_FTYPE_MOSTLY_* value for ``quant``."""
+    """llama.cpp's LLAMA_FTYPE_MOSTLY_* value for ``quant`` (a pure tag has its base type's)."""
     import llama_cpp
-    return int(getattr(llama_cpp, QUANTS[check_quant(quant)][0]))
+    return int(getattr(llama_cpp, QUANTS[parse_quant(quant)[0]][0]))
 
 
-def derived_name(name: str, quant: str) -> str:
-    return f"{name}{SEP}{check_quant(quant)}"
+def derived_name(name: str, quant: str, pure: bool = False) -> str:
+    """``NAME@QUANT`` or, pure, ``NAME@QUANT-pure``."""
+    return f"{name}{SEP}{quant_tag(quant, pure)}"
 
 
 def split_name(derived: str) -> tuple[str, str]:
-    """(registered name, canonical quant) of ``NAME@QUANT``; ModelError if either is unknown."""
+    """(registered name, canonical quant tag) of ``NAME@QUANT[-pure]``; ModelError if either is unknown."""
     name, sep, quant = derived.rpartition(SEP)
     if not sep or not name:
-        raise ModelError(f"{derived!r} is not a variant name; variants are named NAME{SEP}QUANT, "
-                         f"e.g. qwen2.5-coder-1.5b{SEP}q4_0")
+        raise ModelError(f"{derived!r} is not a variant name; variants are named NAME{SEP}QUANT or "
+                         f"NAME{SEP}QUANT{PURE_SUFFIX}, e.g. qwen2.5-coder-1.5b{SEP}q4_0")
     get_spec(name)  # unknown base name: lists the known ones
-    return name, check_quant(quant)
+    return name, quant_tag(quant)
 
 
 def variant_path(derived: str) -> Path:
@@ -87,8 +108,10 @@ def variant_path(derived: str) -> Path:
     return cache_dir() / f"{name}{SEP}{quant}.gguf"
 
 
-def _prepare_hint(name: str, quant: str, force: bool) -> str:
-    return f"speclm models prepare {name} --quant {quant}" + (" --force" if force else "")
+def _prepare_hint(name: str, tag: str, force: bool) -> str:
+    quant, pure = parse_quant(tag)
+    flags = (" --pure" if pure else "") + (" --force" if force else "")
+    return f"speclm models prepare {name} --quant {quant}{flags}"
 
 
 # ---- manifest ------------------------------------------------------------------
@@ -236,17 +259,20 @@ def _llama_cpp_version() -> str:
         return getattr(llama_cpp, "__version__", "unknown")
 
 
-def prepare_variant(name: str, quant: str, force: bool = False, n_threads: int | None = None) -> Path:
-    """Requantise registered model ``name`` to ``quant``; the path of ``NAME@QUANT``.
+def prepare_variant(name: str, quant: str, force: bool = False, n_threads: int | None = None,
+                    pure: bool = False) -> Path:
+    """Requantise registered model ``name`` to ``quant``; the path of ``NAME@QUANT``
+    (``NAME@QUANT-pure`` when ``pure`` or ``quant`` is a ``QUANT-pure`` tag).
 
     Without ``force`` an existing good variant is returned as is, and a damaged one
     raises (its message names the ``--force`` command); ``force`` rebuilds it."""
     if SEP in name:
         raise ModelError(f"prepare takes a registered model name, not a variant ({name!r}); "
                          f"e.g. `speclm models prepare {name.rpartition(SEP)[0]} --quant {quant}`")
-    quant = check_quant(quant)
+    tag = quant_tag(quant, pure)
+    quant, pure = parse_quant(tag)
     spec = get_spec(name)
-    key = f"{name}{SEP}{quant}"
+    key = f"{name}{SEP}{tag}"
     dest = variant_path(key)
     if not force and dest.exists():
         return resolve_variant(key)  # good: reuse; damaged: CorruptModelError naming --force
@@ -264,13 +290,13 @@ def prepare_variant(name: str, quant: str, force: bool = False, n_threads: int |
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            took = _quantize(source, tmp, quant, n_threads)
+            took = _quantize(source, tmp, tag, n_threads)
             with open(tmp, "rb") as fh:
                 magic = fh.read(4)
                 os.fsync(fh.fileno())
             if magic != GGUF_MAGIC:
                 raise ModelError(f"llama.cpp wrote {tmp} without a GGUF header while preparing {key}; "
-                                 f"run `{_prepare_hint(name, quant, True)}` again")
+                                 f"run `{_prepare_hint(name, tag, True)}` again")
             os.chmod(tmp, 0o644)
             sha = sha256_file(tmp)
             os.replace(tmp, dest)
@@ -281,17 +307,18 @@ def prepare_variant(name: str, quant: str, force: bool = False, n_threads: int |
         _update_manifest(key, {
             "file": dest.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha,
             "source": name, "source_sha256": spec.sha256, "source_size": spec.size, "quant": quant,
-            "ftype": ftype(quant), "llama_cpp_python": _llama_cpp_version(),
+            "pure": pure, "ftype": ftype(quant), "llama_cpp_python": _llama_cpp_version(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": round(took, 2),
         })
     return dest
 
 
 def _quantize(source: Path, out: Path, quant: str, n_threads: int | None) -> float:
+    """Run llama.cpp's quantizer; ``quant`` is a tag (``q4_0`` or ``q4_0-pure``). Seconds taken."""
     from speclm.backends import llamacpp  # its log callback keeps llama.cpp's chatter off stderr
     t0 = time.perf_counter()
     try:
-        llamacpp.quantize(source, out, ftype(quant), n_threads)
+        llamacpp.quantize(source, out, ftype(quant), n_threads, pure=parse_quant(quant)[1])
     except RuntimeError as exc:
         raise ModelError(f"llama.cpp could not requantise {source} to {quant}: {exc} "
                          f"(free disk space in {out.parent}: {shutil.disk_usage(out.parent).free} bytes)") from None
@@ -303,12 +330,13 @@ def _quantize(source: Path, out: Path, quant: str, n_threads: int | None) -> flo
 class VariantStatus:
     """One prepared (or half-prepared) variant. ``state``: ready | corrupt: <why> | unfinished."""
 
-    name: str  # NAME@QUANT
+    name: str  # NAME@QUANT or NAME@QUANT-pure
     source: str
-    quant: str
+    quant: str  # the type alone (q4_0 for NAME@q4_0-pure)
     path: Path | None
     size: int | None
     state: str
+    pure: bool = False  # head and token embedding quantised to `quant` too
 
 
 def list_variants() -> list[VariantStatus]:
@@ -321,9 +349,10 @@ def list_variants() -> list[VariantStatus]:
     rows = []
     for key in sorted(k for k in keys if k):
         try:
-            name, quant = split_name(key)
+            name, tag = split_name(key)
         except ModelError:
             continue  # a stray file that is not one of ours
+        quant, pure = parse_quant(tag)
         path = cache / f"{key}.gguf"
         entry = manifest.get(key)
         try:
@@ -338,12 +367,12 @@ def list_variants() -> list[VariantStatus]:
                 state = "being prepared" if _leftovers(key) else "missing"
         exists = path.exists()
         rows.append(VariantStatus(key, name, quant, path if exists else None,
-                                  path.stat().st_size if exists else (entry or {}).get("size"), state))
+                                  path.stat().st_size if exists else (entry or {}).get("size"), state, pure))
     return rows
 
 
 def _part_key(filename: str) -> str:
-    """``.NAME@QUANT.xxxx.part`` -> ``NAME@QUANT`` (names hold dots, quants do not)."""
+    """``.NAME@QUANT.xxxx.part`` -> ``NAME@QUANT`` (names hold dots, quant tags do not)."""
     stem = filename[1:]
     name, sep, rest = stem.partition(SEP)
     return f"{name}{SEP}{rest.split('.', 1)[0]}" if sep else ""
