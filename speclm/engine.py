@@ -1,5 +1,7 @@
-"""Several requests in flight on one LLM: a scheduler thread interleaves
-their rounds fairly (round-robin, one round each per turn).
+"""Several requests in flight on one LLM: a scheduler thread runs them in
+steps. By default (batched) a step is ONE forward over every active request's
+round block or prefill chunk (speclm/batch.py); `batched=False` takes turns
+instead, one request's round at a time (round-robin).
 
     engine = Engine(llm, max_concurrency=8)
     handle = engine.submit("def f():", SamplingParams(max_new_tokens=32), SpecConfig("sd-ngram"))
@@ -25,6 +27,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 
 from .api import LLM, SpecConfig
+from .batch import PREFILL_CHUNK, plan_step, run_step
 from .errors import InvalidRequestError, SpeclmError
 from .metrics import GenerationResult
 from .sampling import SamplingParams
@@ -132,15 +135,18 @@ class RequestHandle:
 
 
 class Engine:
-    """Round-robin scheduler over Generations sharing one LLM."""
+    """Scheduler over Generations sharing one LLM: one forward per step for all
+    (batched), or one request's round per turn (batched=False)."""
 
-    def __init__(self, llm: LLM, max_concurrency: int = 4, max_queue: int = 64, start: bool = True):
+    def __init__(self, llm: LLM, max_concurrency: int = 4, max_queue: int = 64, start: bool = True,
+                 batched: bool = True, prefill_chunk: int = PREFILL_CHUNK):
         capacity = llm.target.max_sequences
         if capacity is not None and max_concurrency > capacity:
             raise InvalidRequestError(
                 f"max_concurrency {max_concurrency} exceeds the {capacity} KV sequences the model was "
                 f"loaded with: load it with LLM(max_sequences={max_concurrency}) or lower the concurrency")
         self.llm = llm
+        self.batched, self.prefill_chunk = batched, prefill_chunk
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self._pending: deque[tuple[RequestHandle, Generation]] = deque()
@@ -200,23 +206,52 @@ class Engine:
                 with self.llm.backend_lock:
                     gen.close()
                 handle._finish(gen.result())
-            for handle, gen in batch:
-                finished = True
-                try:
-                    with self.llm.backend_lock:
-                        if handle.cancelled:
-                            gen.close()
-                        elif not gen.step():
-                            finished = False
-                    if finished:
-                        handle._finish(gen.result())
-                except BaseException as exc:  # a failed request must not stop the others
-                    with self.llm.backend_lock:
+            if self.batched:
+                self._step_together(batch)
+            else:
+                self._step_in_turns(batch)
+
+    def _retire(self, handle: RequestHandle, gen: Generation, error: BaseException | None = None) -> None:
+        if error is not None:
+            with self.llm.backend_lock:
+                gen.close()
+        handle._finish(None if error is not None else gen.result(), error)
+        with self._lock:
+            self._active.remove((handle, gen))
+
+    def _step_together(self, batch: list[tuple[RequestHandle, Generation]]) -> None:
+        """One forward for every active request (cancelled ones are freed first)."""
+        live = []
+        for handle, gen in batch:
+            if handle.cancelled:
+                with self.llm.backend_lock:
+                    gen.close()
+                self._retire(handle, gen)
+            else:
+                live.append((handle, gen))
+        owner = {id(gen): handle for handle, gen in live}
+        with self.llm.backend_lock:
+            slots = plan_step([gen for _, gen in live], self.llm.target.n_ctx, self.prefill_chunk)
+            run_step(self.llm.target, slots)
+        for s in slots:
+            if s.error is not None or s.finished:
+                self._retire(owner[id(s.gen)], s.gen, s.error)
+
+    def _step_in_turns(self, batch: list[tuple[RequestHandle, Generation]]) -> None:
+        """One round of each request in turn (the unbatched scheduler)."""
+        for handle, gen in batch:
+            finished = True
+            try:
+                with self.llm.backend_lock:
+                    if handle.cancelled:
                         gen.close()
-                    handle._finish(None, exc)
-                if finished:
-                    with self._lock:
-                        self._active.remove((handle, gen))
+                    elif not gen.step():
+                        finished = False
+            except BaseException as exc:  # a failed request must not stop the others
+                self._retire(handle, gen, exc)
+                continue
+            if finished:
+                self._retire(handle, gen)
 
     def shutdown(self, cancel: bool = False, timeout: float | None = 30.0) -> None:
         """Stop accepting requests; finish (or cancel) those in flight; join."""

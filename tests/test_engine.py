@@ -15,14 +15,15 @@ def _toy_llm():
     return LLM(target=ToyBackend(6, seed=4, n_ctx=256), draft=ToyBackend(6, seed=8, order=1))
 
 
+@pytest.mark.parametrize("batched", [True, False])
 @pytest.mark.parametrize("spec", [SpecConfig(method="ar"), SpecConfig(method="sd-ngram", k=3),
                                   SpecConfig(method="sd-draft", k=2)])
-def test_interleaved_requests_match_their_solo_outputs(spec):
+def test_interleaved_requests_match_their_solo_outputs(spec, batched):
     llm = _toy_llm()
     prompts = [[i % 6, (i * 2) % 6, 1] for i in range(8)]
     params = [SamplingParams(temperature=1.0, seed=i, max_new_tokens=12 + i) for i in range(8)]
     solo = [llm.generate(p, sp, spec).token_ids for p, sp in zip(prompts, params)]
-    engine = Engine(llm, max_concurrency=4)
+    engine = Engine(llm, max_concurrency=4, batched=batched)
     handles = [engine.submit(p, sp, spec) for p, sp in zip(prompts, params)]
     results = [h.result(timeout=30) for h in handles]
     engine.shutdown()
@@ -75,13 +76,14 @@ def test_queue_limit_is_a_clear_error():
     assert llm.target.live_sequences == 0
 
 
-def test_a_failing_request_does_not_stop_the_others(monkeypatch):
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_failing_request_does_not_stop_the_others(monkeypatch, batched):
     llm = _toy_llm()
-    engine = Engine(llm, max_concurrency=2, start=False)
+    engine = Engine(llm, max_concurrency=2, start=False, batched=batched)
     bad = engine.submit([0, 1], SamplingParams(max_new_tokens=5))
     good = engine.submit([1, 2], SamplingParams(max_new_tokens=5))
     original = bad_gen = engine._pending[0][1]
-    monkeypatch.setattr(bad_gen, "step", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(bad_gen, "plan" if batched else "step", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
     engine.start()
     with pytest.raises(RuntimeError, match="boom"):
         bad.result(timeout=10)

@@ -86,9 +86,14 @@ class Backend(ABC):
     def prefill(self, seq: int, tokens: list[int]) -> np.ndarray:
         return self.score(seq, tokens)[-1]
 
-    def score_batch(self, items: list[tuple[int, list[int]]]) -> list[np.ndarray]:
-        """`score` for several sequences; a backend may run them as ONE forward."""
-        return [self.score(seq, tokens) for seq, tokens in items]
+    def score_batch(self, items: list[tuple[int, list[int]]],
+                    all_logits: list[bool] | None = None) -> list[np.ndarray]:
+        """`score` for several sequences; a backend may run them as ONE forward.
+        all_logits[i] False: item i is a prefill chunk and gets its last row only
+        (a (1, vocab) array)."""
+        every = all_logits or [True] * len(items)
+        return [self.score(seq, tokens) if full else self.prefill(seq, tokens)[None, :]
+                for (seq, tokens), full in zip(items, every)]
 
     def use_threads(self, n_threads: int | None) -> None:
         """Compute with n threads from now on (None: the backend's default)."""

@@ -204,13 +204,16 @@ class LlamaCppBackend(Backend):
         ptr = L.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
 
-    def score_batch(self, items: list[tuple[int, list[int]]]) -> list[np.ndarray]:
-        """All items in ONE llama_decode (each sequence at its own positions)."""
+    def score_batch(self, items: list[tuple[int, list[int]]],
+                    all_logits: list[bool] | None = None) -> list[np.ndarray]:
+        """All items in ONE llama_decode (each sequence at its own positions).
+        all_logits[i] False: item i is a prefill chunk and gets its last row only."""
+        every = all_logits or [True] * len(items)
         total = sum(len(t) for _, t in items)
         if total == 0 or total > self.n_ctx or len(items) == 1:
-            return super().score_batch(items)
-        b, i = self._batch, 0
-        for seq, tokens in items:
+            return super().score_batch(items, all_logits)
+        b, i, rows = self._batch, 0, []
+        for (seq, tokens), full in zip(items, every):
             held = self._held[seq]
             if len(held) + len(tokens) > self.n_ctx:
                 raise InvalidRequestError(f"sequence would hold {len(held) + len(tokens)} tokens; "
@@ -220,20 +223,21 @@ class LlamaCppBackend(Backend):
                 b.pos[i] = len(held) + j
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq
-                b.logits[i] = 1
+                b.logits[i] = 1 if full or j == len(tokens) - 1 else 0
                 i += 1
+            rows.append(len(tokens) if full else 1)
         b.n_tokens = total
         rc = L.llama_decode(self._ctx, b)
         if rc != 0:
             for seq, _ in items:
                 L.llama_memory_seq_rm(self._mem, seq, len(self._held[seq]), -1)
             raise BackendError(f"llama_decode failed with code {rc} on a batch of {total} tokens: {_last_error()}")
-        logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(total, self.vocab_size))
+        logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(sum(rows), self.vocab_size))
         out, i = [], 0
-        for seq, tokens in items:
+        for (seq, tokens), n in zip(items, rows):
             self._held[seq].extend(int(t) for t in tokens)
-            out.append(logits[i:i + len(tokens)].copy())
-            i += len(tokens)
+            out.append(logits[i:i + n].copy())
+            i += n
         return out
 
     def use_threads(self, n_threads: int | None) -> None:

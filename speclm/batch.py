@@ -1,0 +1,110 @@
+"""One forward per engine step: every active request's prefill chunk or round
+block goes into ONE `score_batch` (one llama_decode), then each request runs
+accept → resample → iterate on its own rows.
+
+The five stages stay where they are (speculative/loop.py): a request plans its
+round (`Generation.plan`: K and the draft), the step scores all blocks
+together, and `Generation.complete` finishes each round from its rows. What a
+request emits therefore depends on the batch only through batch numerics:
+on a backend whose k-row forward equals k one-row forwards (the toy backend)
+batched output equals unbatched output exactly.
+
+Speculation knows the batch: before a request plans, its controller is told
+how many tokens the requests planned before it put in the same forward and how
+many tokens they are expected to emit (`share_step`), so its K maximises the
+whole step's goodput (K falls to 0 once the forward is compute-bound).
+Prefill is chunked (`prefill_chunk` tokens a step, shared by the prefilling
+requests) while others decode, so one long prompt cannot stall them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .backends.base import Backend
+from .speculative.loop import Generation, distributions
+from .speculative.proposers.base import Draft
+
+PREFILL_CHUNK = 256  # prompt tokens per step while other requests decode
+
+
+@dataclass
+class Slot:
+    """One request's part of a step: a prefill chunk, or its round's block."""
+
+    gen: Generation
+    tokens: list[int]
+    draft: Draft | None = None  # None: a prefill chunk
+    finished: bool = False
+    error: BaseException | None = None
+
+
+def _expected(gen: Generation, d: Draft) -> float:
+    """Tokens the planned round is expected to emit (for the next requests' K choice)."""
+    expected_for = getattr(gen.controller, "expected_for", None)
+    return expected_for(len(d)) if expected_for else 1.0 + 0.5 * len(d)
+
+
+def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFILL_CHUNK) -> list[Slot]:
+    """Each request's part of the next forward (decoding requests first, then prefill
+    chunks), at most `capacity` tokens in all. A request whose plan fails or which
+    finished without a forward (context full) gets a slot with no tokens."""
+    slots, shared, expected, prefilling = [], 0, 0.0, []
+    for gen in gens:
+        try:
+            if gen.seq is None:
+                gen.begin()
+            if gen.prefill_left:
+                prefilling.append(gen)
+                continue
+            share = getattr(gen.controller, "share_step", None)
+            if share is not None:
+                share(shared, expected)
+            d = gen.plan()
+        except Exception as exc:  # noqa: BLE001  (the request fails, the step goes on)
+            slots.append(Slot(gen, [], error=exc))
+            continue
+        if d is None:
+            slots.append(Slot(gen, [], finished=True))
+            continue
+        block = [gen.context[-1], *d.tokens]
+        slots.append(Slot(gen, block, d))
+        shared += len(block)
+        expected += _expected(gen, d)
+    budget = capacity - shared if shared else capacity  # alone, a prompt prefills in one go
+    budget = min(budget, prefill_chunk) if shared else budget
+    for i, gen in enumerate(prefilling):
+        share = max(1, budget // (len(prefilling) - i))
+        chunk = gen.prefill_left[:share]
+        budget -= len(chunk)
+        if chunk and budget >= 0:
+            slots.append(Slot(gen, chunk))
+    return slots
+
+
+def run_step(target: Backend, slots: list[Slot]) -> None:
+    """Score every slot's tokens in one forward and finish each slot's round."""
+    work = [s for s in slots if s.tokens]
+    if not work:
+        return
+    alone = len(work) == 1
+    target.use_threads(work[0].gen.threads if alone else None)
+    t0 = time.perf_counter()
+    try:
+        rows = target.score_batch([(s.gen.seq, s.tokens) for s in work], [s.draft is not None for s in work])
+    except Exception as exc:  # noqa: BLE001  (every request in the forward fails)
+        for s in work:
+            s.error = exc
+        return
+    ms = (time.perf_counter() - t0) * 1000
+    total = sum(len(s.tokens) for s in work)
+    for s, logits in zip(work, rows):
+        try:
+            if s.draft is None:
+                s.gen.prefilled(len(s.tokens))
+            else:
+                p = distributions(logits, s.gen.params)
+                s.finished = s.gen.complete(p, verify_ms=ms, batch_tokens=None if alone else total)
+        except Exception as exc:  # noqa: BLE001
+            s.error = exc
