@@ -266,7 +266,7 @@ def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     args = parser().parse_args(["bench", "--target", "smollm2-135m", "--threads", "1", "--methods", "ar,sd-ngram",
                                 "--k", "3", "--categories", "humaneval,code-edit", "--prompts-per-category", "1",
-                                "--max-new-tokens", "16", "--out", str(tmp_path / "smol")])
+                                "--max-new-tokens", "16", "--no-wait-quiet", "--out", str(tmp_path / "smol")])
     assert args.func(args) == 0
     requests, summary = check_outputs(tmp_path / "smol", 4)
     assert [r["chat"] for r in requests if r["method"] == "ar"] == [False, True]

@@ -43,7 +43,7 @@ def cache(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def bench(*argv: str) -> int:
     p = argparse.ArgumentParser(prog="speclm")
     bench_cli.add_bench_parser(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(["bench", *argv])
+    args = p.parse_args(["bench", "--no-wait-quiet", *argv])  # a test must not wait for the machine to calm
     return args.func(args)
 
 

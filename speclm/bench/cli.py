@@ -2,6 +2,10 @@
 with --targets/--drafts, over target and draft models: see sweep.py) and
 write raw traces, summary.json, report.md, plots and manifest.json.
 
+Starved requests are flagged and re-run, after a bounded wait for a quiet
+machine (contamination.py). `--endpoint URL [--endpoint-b URL]` runs the same
+prompts against OpenAI-compatible servers instead (endpoint.py).
+
 Wire it with `add_bench_parser(subparsers)`; the command's function is
 `cmd_bench(args) -> exit code`. `run_to_dir` is the same pipeline for an
 already built LLM (tests, notebooks).
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +29,13 @@ from ..cli_options import add_spec_options, spec_from_args, speculator_config
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
 from ..sampling import SamplingParams
+from .contamination import TrustPolicy, headline
 from .manifest import describe_model
 from .methods import BENCH_DEFAULT, bench_methods, parse_methods
-from .report import MAIN_HEADER, table_rows
+from .report import MAIN_HEADER, identity_note, table_rows
 from .runner import BenchConfig, TraceSink, busy_warning, run_bench
 from .sweep import ProgressBars, plan_models, run_sweep, write_outputs
+from .endpoint_cli import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
 from .workloads import Prompt, load_builtin, load_dataset, select
 
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
@@ -88,9 +95,36 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     b.add_argument("--n-ctx", type=int, default=4096, help="context per sequence (default 4096)")
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
+    t = b.add_argument_group("contamination (requests starved of CPU by other processes)")
+    t.add_argument("--min-cpu-share", type=float, default=0.6, metavar="F",
+                   help="flag a request whose process CPU share (CPU s / wall s) is below F × the threads "
+                        "llama.cpp computes with (default 0.6; 0 turns the check off)")
+    t.add_argument("--max-reruns", type=int, default=3, metavar="N",
+                   help="re-run a flagged request (with its AR partner) at most N times (default 3; 0: flag only)")
+    t.add_argument("--max-total-reruns", type=int, default=None, metavar="N",
+                   help="re-run at most N generations in all (default: half the planned requests, at least 4)")
+    t.add_argument("--wait-quiet", type=float, default=60.0, metavar="SECONDS",
+                   help="before timing, wait up to SECONDS for the 1-minute load average to fall below "
+                        "--quiet-load (default 60)")
+    t.add_argument("--no-wait-quiet", action="store_true", help="do not wait for a quiet machine")
+    t.add_argument("--quiet-load", type=float, default=None, metavar="LOAD",
+                   help="the load average counted as quiet (default: half the cores)")
+    add_endpoint_options(b)
     add_spec_options(b, skip=("method", "k"))  # --methods and --k sweep those
     b.set_defaults(func=cmd_bench)
     return b
+
+
+def _notify(text: str) -> None:
+    print(f"speclm: {text}", file=sys.stderr, flush=True)
+
+
+def trust_from_args(args: argparse.Namespace) -> TrustPolicy:
+    """The contamination policy of the flags (the CLI waits for quiet unless told not to)."""
+    wait = 0.0 if getattr(args, "no_wait_quiet", True) else getattr(args, "wait_quiet", 0.0)
+    return TrustPolicy(min_share=getattr(args, "min_cpu_share", 0.6), max_reruns=getattr(args, "max_reruns", 3),
+                       max_total_reruns=getattr(args, "max_total_reruns", None), wait_quiet_s=wait,
+                       quiet_load=getattr(args, "quiet_load", None), notify=_notify)
 
 
 def resolve_args(args: argparse.Namespace) -> dict:
@@ -106,7 +140,8 @@ def resolve_args(args: argparse.Namespace) -> dict:
         raise InvalidRequestError(f"--concurrency values must be >= 1, got {v['concurrency']}")
     cfg = BenchConfig(methods=v["methods"], ks=v["k"], temperatures=v["temperature"],
                       max_new_tokens=v["max_new_tokens"], repeats=v["repeats"], seed=args.seed,
-                      concurrency=v["concurrency"], ignore_eos=args.ignore_eos, base=spec_from_args(args))
+                      concurrency=v["concurrency"], ignore_eos=args.ignore_eos, base=spec_from_args(args),
+                      trust=trust_from_args(args))
     for method, k in cfg.configs():  # fail before loading any model
         method.spec(k)
     for t in cfg.temperatures:
@@ -156,7 +191,7 @@ def print_main_table(summary: dict, console: Console | None = None) -> None:
     for v in summary["verdicts"]:
         on = f" on {escape(v.get('target_name') or str(v.get('target')))}" if several else ""
         console.print(f"enable speculation for [bold]{escape(v['category'])}[/]{on} (T={v['temperature']:g})? "
-                      f"{escape(v['evidence'])}")
+                      f"{escape(v['evidence'] + identity_note(v))}")
     if summary.get("variants"):
         console.print(escape(summary["variants"]["best_sentence"]))
     for r in summary.get("ssd_projection", []):
@@ -164,15 +199,22 @@ def print_main_table(summary: dict, console: Console | None = None) -> None:
                       f"{r['inputs']['hit_rate']:.2f}, measured {r['ssd_decode_tok_s_measured']:.1f} decode tok/s here; "
                       f"[bold]PROJECTION[/] with its own equal hardware {r['ssd_decode_tok_s_projected']:.1f} tok/s "
                       f"= {r['projected_vs_sd']:.2f}× sd-draft K={r['k']} modelled alike (not measured; see report.md)")
+    if summary.get("contamination"):
+        console.print(f"contamination: {escape(headline(summary['contamination']))}")
     for w in summary["warnings"]:
         console.print(f"[bold red]WARNING:[/] {escape(w)}")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of `speclm bench`."""
+    endpoint = getattr(args, "endpoint", None) or getattr(args, "endpoint_b", None)
+    if endpoint:
+        check_endpoint_args(args)
     v = resolve_args(args)
     cfg: BenchConfig = v["config"]
     prompts = load_prompts(args.dataset, v["categories"], v["prompts_per_category"])
+    if endpoint:
+        return cmd_endpoint_bench(args, v, prompts)
     needs_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
     plan = plan_models(args.target, args.targets, args.draft, args.drafts, needs_draft)
     err = Console(stderr=True, highlight=False)

@@ -117,10 +117,16 @@ def build_manifest(*, target: dict | None, draft: dict | None, config: dict, pro
                    n_prompts: int, categories: list[str], dataset: str | None, threads: int | None,
                    seed: int, load_before: tuple, load_after: tuple, started: float, ended: float,
                    argv: list[str] | None = None, targets: list[dict | None] | None = None,
-                   drafts: list[dict | None] | None = None) -> dict:
+                   drafts: list[dict | None] | None = None, extra: dict | None = None) -> dict:
     """The manifest dict (JSON-serialisable). `targets`/`drafts`: every model of a
-    variant sweep (default: the one target and draft)."""
-    return {
+    variant sweep (default: the one target and draft). The contamination check's
+    thresholds and what it observed (config["contamination"]: quiet waits with the
+    loads seen, re-runs, requests left starved) get their own top-level section;
+    `extra` adds sections (an --endpoint run's endpoints)."""
+    trust = config.get("contamination")
+    if trust is not None:
+        config = {**config, "contamination": {k: v for k, v in trust.items() if k != "observed"}}
+    return {**(extra or {}), "contamination": trust,
         "models": {"target": target, "draft": draft, "targets": targets if targets is not None else [target],
                    "drafts": drafts if drafts is not None else [d for d in [draft] if d]},
         "tokenizer": {"vocab_size": target.get("vocab_size") if target else None,

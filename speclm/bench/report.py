@@ -4,22 +4,25 @@ Definitions (design note §2, one each):
 - acceptance rate            Σ a_r / Σ K_r
 - mean acceptance length     Σ (a_r + 1) / rounds
 - per-position acceptance j  #(a_r ≥ j) / #(K_r ≥ j)
-- speedup                    AR wall / method wall, same prompts, same run:
-                             the headline is Σ AR wall / Σ method wall over a
-                             group's (prompt, repeat) pairs; the spread is the
-                             distribution of the per-pair ratios.
+- speedup                    AR time per output token / method time per output
+                             token over a group's (prompt, repeat) pairs, same
+                             run; with prefill and decode apart, and the Σ-wall
+                             ratio only over pairs of equal length (ratios.py);
+                             the spread is the distribution of per-pair ratios.
 Percentiles interpolate linearly between order statistics (numpy's default).
+Contamination (starved requests, re-runs): contamination.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .compare import mib
 from .methods import BASELINE
+from .ratios import baseline_stats, fmt_x, identity_cell, speedup_stats, wall_cell, worth_it  # noqa: F401
+from .distributions import distribution, percentile  # noqa: F401  (public here too)
 from .tables import md_table, merge_counts  # noqa: F401  (merge_counts: public here too)
 
 # target / draft: the model files a record ran on (a variant sweep never pools them)
@@ -61,57 +64,12 @@ def acceptance_from_counts(c: dict) -> dict:
             "per_position_acceptance": [a / e for a, e in zip(c["pos_accepted"], c["pos_eligible"]) if e]}
 
 
-# ---- distributions -------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """q-th percentile (0..100), linear interpolation; ValueError on no values."""
-    xs = sorted(values)
-    if not xs:
-        raise ValueError("percentile of no values")
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def distribution(values: Iterable[float | None]) -> dict:
-    """n, mean, min, q1 (p25), p50, q3 (p75), p95, p99, max of the non-None values."""
-    xs = [float(v) for v in values if v is not None]
-    if not xs:
-        return {"n": 0, "mean": None, "min": None, "q1": None, "p50": None, "q3": None,
-                "p95": None, "p99": None, "max": None}
-    return {"n": len(xs), "mean": sum(xs) / len(xs), "min": min(xs), "q1": percentile(xs, 25),
-            "p50": percentile(xs, 50), "q3": percentile(xs, 75), "p95": percentile(xs, 95),
-            "p99": percentile(xs, 99), "max": max(xs)}
-
-
 # ---- speedup --------------------------------------------------------------------
 def pair_with_ar(requests: Sequence[dict]) -> list[tuple[dict, dict]]:
     """(method record, AR record of the same prompt, repeat, T and max_new_tokens)."""
     ar = {tuple(r.get(k) for k in PAIR_KEYS): r for r in requests if r["method"] == BASELINE}
     return [(r, ar[key]) for r in requests
             if r["method"] != BASELINE and (key := tuple(r.get(k) for k in PAIR_KEYS)) in ar]
-
-
-def speedup_stats(pairs: Sequence[tuple[dict, dict]]) -> dict:
-    """Headline Σ AR wall / Σ method wall; spread of per-pair ratios; prompts faster
-    (per prompt: Σ AR / Σ method over its repeats > 1); decode_speedup: the same
-    ratio with each request's prefill excluded (what speculation can act on)."""
-    if not pairs:
-        return {"speedup": None, "decode_speedup": None, "speedup_dist": distribution([]),
-                "prompts_faster": 0, "prompts": 0}
-    ratios = [ar["wall_ms"] / m["wall_ms"] for m, ar in pairs]
-    per_prompt: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for m, ar in pairs:
-        acc = per_prompt[(m["category"], m["prompt_index"])]
-        acc[0] += ar["wall_ms"]
-        acc[1] += m["wall_ms"]
-    decode = [(ar["wall_ms"] - ar.get("prefill_ms", 0.0), m["wall_ms"] - m.get("prefill_ms", 0.0)) for m, ar in pairs]
-    return {"speedup": sum(ar["wall_ms"] for _, ar in pairs) / sum(m["wall_ms"] for m, _ in pairs),
-            "decode_speedup": sum(a for a, _ in decode) / sum(b for _, b in decode)
-            if sum(b for _, b in decode) > 0 else None,
-            "speedup_dist": distribution(ratios),
-            "prompts_faster": sum(1 for a, b in per_prompt.values() if a > b),
-            "prompts": len(per_prompt)}
 
 
 # ---- groups ---------------------------------------------------------------------
@@ -140,7 +98,7 @@ def models_vary(rows: Iterable[dict]) -> bool:
 
 def label(row: dict, models: bool = False) -> str:
     """'sd-draft K=4'; with models, followed by the target (+ draft) it ran on."""
-    base = row["method"] if row["method"] == BASELINE else f"{row['method']} K={row['k']}"
+    base = row["method"] if row["method"] == BASELINE or row.get("k") is None else f"{row['method']} K={row['k']}"
     return f"{base} [{model_tag(row)}]" if models else base
 
 
@@ -150,9 +108,7 @@ def group_row(key: tuple, recs: Sequence[dict], pairs: Sequence[tuple[dict, dict
     wall = sum(r["wall_ms"] for r in recs)
     tokens = sum(r["output_tokens"] for r in recs)
     ident = [r["identity"] for r in recs if r.get("identity") is not None]
-    sp = speedup_stats(pairs) if key[1] != BASELINE else {
-        "speedup": 1.0, "decode_speedup": 1.0, "speedup_dist": distribution([1.0] * len(recs)), "prompts_faster": 0,
-        "prompts": len({r["prompt_index"] for r in recs})}
+    sp = speedup_stats(pairs) if key[1] != BASELINE else baseline_stats(recs)
     names = {n: recs[0][n] for n in ("target_name", "draft_name") if n in recs[0]}
     return {**dict(zip(GROUP_KEYS, key)), **names, "requests": len(recs), **sp, **acceptance_from_counts(counts),
             "counts": counts, "output_tokens": tokens, "wall_ms": wall,
@@ -222,7 +178,8 @@ def group_rows(requests: Sequence[dict], overall: bool = True) -> list[dict]:
 
 def verdicts(rows: Sequence[dict]) -> list[dict]:
     """Per category × target × T × max_new_tokens: enable speculation iff the best config
-    (by p50 speedup) has p50 > 1, total speedup > 1 and most prompts faster."""
+    (by p50 speedup) has p50 > 1, total speedup > 1 and most prompts faster (ratios.worth_it);
+    `identity` carries the best config's greedy identity counts."""
     out = []
     models = models_vary(rows)
 
@@ -230,13 +187,14 @@ def verdicts(rows: Sequence[dict]) -> list[dict]:
         return r["category"], r.get("target"), r["temperature"], r["max_new_tokens"]
     for key in dict.fromkeys(scope(r) for r in rows):
         cat, target, temp, max_new = key
-        cands = [r for r in rows if scope(r) == key and r["method"] != BASELINE and r["speedup"] is not None]
+        cands = [r for r in rows if scope(r) == key and r["method"] != BASELINE and r["speedup"] is not None
+                 and r["speedup_dist"]["p50"] is not None]
         if not cands:
             continue
         best = max(cands, key=lambda r: (r["speedup_dist"]["p50"], r["speedup"]))
         p50, tot, d = best["speedup_dist"]["p50"], best["speedup"], best["speedup_dist"]
         faster = f"{best['prompts_faster']}/{best['prompts']} prompts faster"
-        enable = p50 > 1.0 and tot > 1.0 and best["prompts_faster"] * 2 > best["prompts"]
+        enable = worth_it(best)
         if enable:
             evidence = (f"yes: {label(best, models)} {p50:.2f}× (p50; total {tot:.2f}×, "
                         f"range {d['min']:.2f}–{d['max']:.2f}×), {faster}")
@@ -244,7 +202,8 @@ def verdicts(rows: Sequence[dict]) -> list[dict]:
             evidence = f"no: best method {label(best, models)} {p50:.2f}× AR (p50; total {tot:.2f}×), {faster}"
         out.append({"category": cat, "temperature": temp, "max_new_tokens": max_new, "enable": enable,
                     "best": {"method": best["method"], "k": best["k"]}, "evidence": evidence,
-                    "target": target, "target_name": best.get("target_name"), "best_draft": best.get("draft")})
+                    "target": target, "target_name": best.get("target_name"), "best_draft": best.get("draft"),
+                    "identity": best["identity"]})
     return out
 
 
@@ -256,25 +215,23 @@ def divergences(requests: Sequence[dict]) -> list[dict]:
             for r in requests if r.get("identity") and not r["identity"]["identical"]]
 
 
-def build_summary(run, config: dict) -> dict:
-    """summary.json: rows, verdicts, halves, identity, concurrency, load and warnings of a BenchRun."""
-    from .halves import halves
-    from .projection import project
-    rows = group_rows(run.requests)
-    return {"config": config, "rows": rows, "verdicts": verdicts(rows), "halves": halves(run.requests),
-            "ssd_projection": project(run.requests),
-            "identity_divergences": divergences(run.requests), "concurrency": run.concurrency,
-            "load_before": list(run.load_before), "load_after": list(run.load_after),
-            "warnings": list(run.warnings), "wall_s": run.ended - run.started,
-            "peak_rss_mb": max((r["peak_rss_mb"] for r in run.requests), default=None)}
-
-
 def _f(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-MAIN_HEADER = ("category", "method", "T", "speedup", "p50 [min–max]", "faster", "excl. prefill",
-               "acc rate", "mean acc len", "tok/s", "identical")
+def identity_note(verdict: dict) -> str:
+    """'; greedy output identical to AR 3/4' for a verdict with identity counts, else ''."""
+    ident = verdict.get("identity")
+    return f"; greedy output identical to AR {ident['identical']}/{ident['compared']}" if ident else ""
+
+
+MAIN_HEADER = ("category", "method", "T", "speedup", "p50 [min–max]", "faster", "decode/tok", "prefill/tok",
+               "Σ wall [same len]", "identical", "acc rate", "mean acc len", "tok/s")
+RATIOS_NOTE = ("speedup = AR time per output token / method time per output token over the same prompts in "
+               "this run (= method tok/s / AR tok/s); p50 [min–max] over per-pair ratios; decode/tok: the same "
+               "with prefill taken out; prefill/tok: AR prefill per prompt token / the method's; Σ wall: Σ AR "
+               "wall / Σ method wall over the pairs whose output lengths match [matching/all]; identical: "
+               "greedy outputs identical to AR [identical/compared].")
 
 
 def table_rows(summary: dict) -> list[tuple[str, ...]]:
@@ -282,15 +239,16 @@ def table_rows(summary: dict) -> list[tuple[str, ...]]:
     out = []
     models = models_vary(summary["rows"])
     for r in summary["rows"]:
-        d, ident = r["speedup_dist"], r["identity"]
+        d = r["speedup_dist"]
         base = r["method"] == BASELINE
         out.append((r["category"] + ("" if len(summary["config"]["max_new_tokens"]) < 2 else f" N={r['max_new_tokens']}"),
-                    label(r, models), f"{r['temperature']:g}", "1.00× (base)" if base else f"{_f(r['speedup'])}×",
+                    label(r, models), f"{r['temperature']:g}", "1.00× (base)" if base else fmt_x(r["speedup"]),
                     "-" if base else f"{_f(d['p50'])} [{_f(d['min'])}–{_f(d['max'])}]",
                     "-" if base else f"{r['prompts_faster']}/{r['prompts']}",
-                    "-" if base else f"{_f(r['decode_speedup'])}×", _f(r["acceptance_rate"], ".3f"),
-                    _f(r["mean_acceptance_length"]), _f(r["tokens_per_s"], ".1f"),
-                    "-" if not ident else f"{ident['identical']}/{ident['compared']}"))
+                    *(("-",) * 3 if base else (fmt_x(r.get("decode_speedup")), fmt_x(r.get("prefill_speedup")),
+                                               wall_cell(r))),
+                    identity_cell(r), _f(r["acceptance_rate"], ".3f"), _f(r["mean_acceptance_length"]),
+                    _f(r["tokens_per_s"], ".1f")))
     return out
 
 
@@ -318,60 +276,3 @@ def render_variants(v: dict) -> list[str]:
             f"teacher-forced greedy agreement on the `models compare` text set"
             + ("." if v["quality"] else " (not measured: rerun with --variant-quality)."), "",
             md_table(header, rows), "", f"**{v['best_sentence']}**", "", *drafts, *files]
-
-
-def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
-    """report.md: warnings, verdicts, main table, distributions, acceptance, identity, concurrency."""
-    m, models = manifest, models_vary(summary["rows"])
-    targets, drafts = m["models"].get("targets") or [m["models"]["target"]], m["models"].get("drafts") or []
-    parts = ["# speclm bench report", "",
-             (f"Target (output is lossless against): `{targets[0]['name']}`" if len(targets) < 2 else
-              "Targets (each output is lossless against its own): " + ", ".join(f"`{t['name']}`" for t in targets))
-             + (f"; draft{'s' if len(drafts) > 1 else ''} " + ", ".join(f"`{d['name']}`" for d in drafts)
-                if drafts else ""),
-             f"CPU: {m['machine']['cpu_model']}, {m['machine']['cores']} cores, {m['machine']['threads'] or '-'} threads. "
-             f"Load average before {summary['load_before'][0]:.2f}, after {summary['load_after'][0]:.2f}. "
-             f"Wall {summary['wall_s']:.0f} s, peak RSS {_f(summary['peak_rss_mb'], '.0f')} MiB.", ""]
-    parts += [f"> **WARNING**: {w}" for w in summary["warnings"]] + [""] if summary["warnings"] else []
-    parts += ["## Enable speculation here?", ""]
-    if summary["warnings"]:
-        parts += ["_The machine was busy (see the warning above): these verdicts rest on noisy timings._", ""]
-    several = len({v.get("target") for v in summary["verdicts"]}) > 1
-    parts += [f"- **{v['category']}**" + (f" on `{v.get('target_name') or v.get('target')}`" if several else "")
-              + f" (T={v['temperature']:g}, {v['max_new_tokens']} tokens): {v['evidence']}"
-              for v in summary["verdicts"]]
-    if summary.get("variants"):
-        parts += render_variants(summary["variants"])
-    from .halves import render as render_halves
-    from .projection import render as render_projection
-    ssd_part = render_ssd(summary["rows"]) + render_projection(summary.get("ssd_projection", []))
-    halves_part = render_halves(summary.get("halves", []))  # first vs second half of each category
-    parts += ["", "## Results", "", "speedup = Σ AR wall / Σ method wall over the same prompts in this run; "
-              "p50 [min–max] over per-prompt ratios; excl. prefill: the same ratio of wall minus prompt prefill.", "", md_table(MAIN_HEADER, table_rows(summary)), *halves_part, *ssd_part, "",
-              "## Distributions (ms)", ""]
-    dist_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
-                  *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))
-                    for key in ("latency_ms", "ttft_ms", "tpot_ms")),
-                  f"{r['draft_share']:.0%} / {r['verify_share']:.0%}") for r in summary["rows"]]
-    parts += [md_table(("category", "method", "T", "latency p50/p95/p99", "TTFT p50/p95/p99",
-                         "TPOT p50/p95/p99", "draft / verify share"), dist_rows), "",
-              "## Per-position acceptance and rejections", ""]
-    acc_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
-                 " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]),
-                 " ".join(str(x) for x in r["counts"]["rejection_hist"]), str(r["counts"]["full_accepts"]))
-                for r in summary["rows"] if r["method"] != BASELINE]
-    parts += [md_table(("category", "method", "T", "acceptance at j=1..K", "rejections at j=1..K",
-                         "all accepted"), acc_rows), "", "## Greedy identity with AR", ""]
-    divs = summary["identity_divergences"]
-    parts += ["All greedy outputs identical to AR." if not divs else
-              "Differences (a tiny AR top-1/top-2 margin points at batch numerics, a large one at a bug):"]
-    parts += [f"- {d['category']} #{d['prompt_index']} {label(d, models)}: token {d['first_divergence']}, "
-              f"margin {_f(d['ar_top2_margin'], '.4f')}" for d in divs]
-    if summary["concurrency"]:
-        conc_rows = [(str(c["concurrency"]), label(c, models), f"{c['temperature']:g}", _f(c["throughput_tok_s"], ".1f"),
-                      *(" / ".join(_f(c[key][q], ".0f") for q in ("p50", "p95", "p99"))
-                        for key in ("latency_ms", "ttft_ms"))) for c in summary["concurrency"]]
-        parts += ["", "## Concurrency", "", md_table(("N", "method", "T", "tok/s", "latency p50/p95/p99",
-                                                       "TTFT p50/p95/p99"), conc_rows)]
-    parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
-    return "\n".join(parts)

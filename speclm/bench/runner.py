@@ -4,7 +4,15 @@ Fairness: one process, one warm-up generation per method first, then per
 repeat and per prompt the AR baseline runs first and every method config
 right after it on the same prompt, so machine noise hits all alike. Every
 request yields one record (see `request_record`) and its per-round trace;
-a `TraceSink` streams both to JSONL as they are produced.
+a `TraceSink` streams both to JSONL once the request is final.
+
+Contamination (contamination.py, reruns.py): after the warm-up the run waits
+(bounded) for a quiet machine; every request records its process CPU share
+(CPU s / wall s) and is flagged as starved when that falls well below the
+threads it computes with; starved requests run again, with their AR partner,
+in re-run passes after the sweep (bounded per request and in all). Records
+are written in run order; a unit waiting for a re-run holds back the ones
+after it.
 
 Order (`run_order`): a category's prompts run as a sequence, contiguous and
 in index (file) order, categories in the order first given; every repeat
@@ -19,9 +27,9 @@ The LLM must hold at least N sequences (LLM(max_sequences=N)).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import resource
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +43,13 @@ from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
 from ..sampling import SamplingParams
 from ..speculative.identity import compare_greedy
+from . import contamination
+from .contamination import TrustLog, TrustPolicy, starved, wait_for_quiet
 from .methods import BASELINE, BENCH_DEFAULT, BenchMethod, parse_methods
-from .report import acceptance_from_counts, distribution, round_counts
+from .records import expected_threads, learns_across_requests, peak_rss_mb, timed
+from .records import request_record, ssd_counts  # noqa: F401  (public here too)
+from .report import distribution
+from .reruns import RerunQueue, Slot, Unit
 from .workloads import Prompt
 
 WARMUP_TOKENS = 8
@@ -55,6 +68,8 @@ class BenchConfig:
     concurrency: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     base: SpecConfig = field(default_factory=SpecConfig)  # the settings no sweep dimension sets
+    trust: TrustPolicy = field(default_factory=TrustPolicy)  # contamination check and quiet wait
+    observed: TrustLog = field(default_factory=TrustLog, compare=False)  # what they saw (all runs of it)
 
     def configs(self) -> list[tuple[BenchMethod, int]]:
         """(method, K) pairs in run order: AR first (K = 0), then each method × K."""
@@ -67,7 +82,8 @@ class BenchConfig:
         return {"methods": self.methods, "ks": self.ks, "temperatures": self.temperatures,
                 "max_new_tokens": self.max_new_tokens, "repeats": self.repeats, "seed": self.seed,
                 "concurrency": self.concurrency, "ignore_eos": self.ignore_eos,
-                "base_spec": asdict(self.base)}
+                "base_spec": asdict(self.base),
+                "contamination": {**self.trust.to_dict(), "observed": self.observed.to_dict()}}
 
 
 @dataclass(frozen=True)
@@ -95,7 +111,7 @@ def make_arms(cfg: BenchConfig, llm: LLM, drafts: dict[str, tuple[LLM, dict]] | 
 
 @dataclass
 class BenchRun:
-    """Everything a sweep measured, ready for report.build_summary."""
+    """Everything a sweep measured, ready for summary.build_summary."""
 
     requests: list[dict]
     concurrency: list[dict]
@@ -107,12 +123,14 @@ class BenchRun:
 
 
 class TraceSink:
-    """Streams per-round lines to rounds.jsonl and per-request lines to requests.jsonl."""
+    """Streams per-round lines to rounds.jsonl and per-request lines to requests.jsonl
+    (the attempt kept), and superseded attempts to reruns.jsonl."""
 
     def __init__(self, out_dir: Path):
         out_dir.mkdir(parents=True, exist_ok=True)
         self._rounds: IO[str] = open(out_dir / "rounds.jsonl", "w", encoding="utf-8")
         self._requests: IO[str] = open(out_dir / "requests.jsonl", "w", encoding="utf-8")
+        self._dir, self._reruns = out_dir, None
 
     def write(self, record: dict, result: GenerationResult) -> None:
         keys = ("request_id", "category", "method", "k", "temperature", "max_new_tokens",
@@ -124,14 +142,18 @@ class TraceSink:
         self._rounds.flush()
         self._requests.flush()
 
+    def superseded(self, record: dict) -> None:
+        """A starved attempt that a re-run replaced (reruns.jsonl, opened on first use)."""
+        if self._reruns is None:
+            self._reruns = open(self._dir / "reruns.jsonl", "w", encoding="utf-8")
+        self._reruns.write(json.dumps(record) + "\n")
+        self._reruns.flush()
+
     def close(self) -> None:
         self._rounds.close()
         self._requests.close()
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        if self._reruns is not None:
+            self._reruns.close()
 
 
 def busy_warning(load1: float, cores: int) -> str | None:
@@ -140,46 +162,6 @@ def busy_warning(load1: float, cores: int) -> str | None:
         return (f"MACHINE BUSY: load average {load1:.2f} on {cores} cores (> {cores * 0.5:.1f}) at start; "
                 f"llama.cpp threads wait for each other, so timings are unreliable: rerun on a quiet machine")
     return None
-
-
-def request_record(result: GenerationResult, meta: dict) -> dict:
-    """One request's figures (design note §2 names) merged into `meta`."""
-    s = result.summary
-    counts = round_counts(result.rounds)
-    acc = acceptance_from_counts(counts)
-    wall = s.wall_ms
-    return {**meta, "prompt_tokens": result.prompt_tokens, "output_tokens": s.output_tokens,
-            "finish_reason": result.finish_reason, "wall_ms": wall, "ttft_ms": s.ttft_ms,
-            "tpot_ms": s.tpot_ms, "tokens_per_s": s.tokens_per_s,
-            "accepted_progress_per_ms": s.accepted_progress_per_ms, **counts, **acc,
-            "prefill_ms": s.prefill_ms, "draft_ms": s.draft_ms, "verify_ms": s.verify_ms,
-            "other_ms": s.other_ms,
-            # the first round's drafting includes the draft model's own prompt prefill
-            "first_round_draft_ms": result.rounds[0].draft_ms if result.rounds else 0.0,
-            "first_round_proposed": result.rounds[0].proposed if result.rounds else 0,
-            "draft_share": s.draft_ms / wall if wall > 0 else 0.0,
-            "verify_share": s.verify_ms / wall if wall > 0 else 0.0,
-            "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
-            "target": result.target, "draft": result.draft, "text": result.text,
-            "token_ids": result.token_ids, **ssd_counts(result.rounds)}
-
-
-def ssd_counts(rounds) -> dict:
-    """SSD rounds only: cache hits overall and by the outcome k they answered, and the
-    verifier's wait for blocks ({} when no round went through a speculator)."""
-    ssd = [r.info for r in rounds if r.info and "hit" in r.info]
-    if not ssd:
-        return {}
-    by_k: dict[str, list[int]] = {}
-    for info in ssd:
-        if "outcome_k" in info:
-            h_n = by_k.setdefault(str(info["outcome_k"]), [0, 0])
-            h_n[0] += bool(info["hit"])
-            h_n[1] += 1
-    return {"cache_rounds": len(ssd), "cache_hits": sum(bool(i["hit"]) for i in ssd), "cache_hits_by_k": by_k,
-            "speculator_wait_ms": sum(i.get("wait_ms", 0.0) for i in ssd),
-            "speculator_wait_hit_ms": sum(i.get("wait_ms", 0.0) for i in ssd if i["hit"]),
-            "speculator_busy_ms": sum(i.get("busy_ms", 0.0) for i in ssd)}
 
 
 def _params(cfg: BenchConfig, temperature: float, max_new: int, seed: int) -> SamplingParams:
@@ -224,9 +206,11 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
               on_request: Callable[[dict], None] | None = None,
               on_concurrency: Callable[[dict], None] | None = None, *, arms: list[Arm] | None = None,
               meta: dict | None = None, first_id: int = 0) -> BenchRun:
-    """Run the sweep. `on_request` sees each record (progress bars). `arms` (default
-    make_arms(cfg, llm)) all share `llm`'s target; `meta` is merged into every record
-    and request ids count on from `first_id` (a variant sweep calls this per target)."""
+    """Run the sweep. `on_request` sees each record once it is final (progress bars). `arms`
+    (default make_arms(cfg, llm)) all share `llm`'s target; `meta` is merged into every
+    record and request ids count on from `first_id` (a variant sweep calls this per target).
+    Starved requests are re-run after the sweep (contamination.py, reruns.py); what the
+    check saw is appended to cfg.observed."""
     if not prompts:
         raise InvalidRequestError("no prompts to benchmark: check --categories / --dataset")
     cores = os.cpu_count() or 1
@@ -237,7 +221,42 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     prompts = run_order(prompts)
     encoded = encode_prompts(llm, prompts, max(cfg.max_new_tokens))
     warmup(arms, encoded[0])
+    policy = cfg.trust
+    # after the warm-up, right before the timed requests; once per config (a sweep's later
+    # targets take one reading)
+    waited = any(w["max_wait_s"] > 0 for w in cfg.observed.waits)
+    wait = wait_for_quiet(dataclasses.replace(policy, wait_quiet_s=0.0) if waited else policy, cores)
+    cfg.observed.waits.append(wait)
+    if wait["max_wait_s"] > 0 and not wait["quiet"]:
+        warnings.append(f"MACHINE NEVER QUIET: load average {wait['loads'][-1][1]:.2f} >= {wait['threshold']:.2f} "
+                        f"after waiting {wait['waited_s']:g} s (--wait-quiet); timings may be noisy")
+    threads = [expected_threads(a) for a in arms]
+    replay = [learns_across_requests(a) for a in arms]
     records: list[dict] = []
+
+    def finalize(unit: Unit) -> None:
+        ids, params = unit.context
+        ar = next((s for s in unit.slots if s.baseline), None)
+        for s in unit.slots:
+            rec, result = s.attempts[-1]
+            rec["identity"] = None
+            if params.greedy and not s.baseline and ar is not None:
+                rec["identity"] = compare_greedy(llm.target, ids, ar.result.token_ids, result.token_ids).to_dict()
+            records.append(rec)
+            if sink:
+                sink.write(rec, result)
+            if on_request:
+                on_request(rec)
+
+    def rerun(unit: Unit, slot: Slot, reason: str) -> tuple[dict, GenerationResult]:
+        ids, params = unit.context
+        rec, result = timed(arms[slot.arm_index], ids, params, slot.head, threads[slot.arm_index], policy, cores)
+        rec["rerun_reason"] = reason
+        return rec, result
+
+    n_planned = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(arms)
+    queue = RerunQueue(policy, policy.total_cap(n_planned), cfg.observed, rerun, finalize,
+                       superseded=sink.superseded if sink else None)
     n = first_id
     for rep in range(cfg.repeats):
         for pi, (prompt, ids) in enumerate(zip(prompts, encoded)):
@@ -245,30 +264,28 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                 for max_new in cfg.max_new_tokens:
                     seed = cfg.seed + 100_003 * rep + pi
                     params = _params(cfg, temp, max_new, seed)
-                    ar_ids: list[int] | None = None
-                    for arm in arms:
-                        method, k = arm.method, arm.k
-                        result = method.generate(arm.llm, ids, params, method.spec(k))
+                    unit = Unit([], context=(ids, params))
+                    for ai, arm in enumerate(arms):
                         n += 1
                         head = {"request_id": f"r{n:05d}", "category": prompt.category,
-                                "prompt_index": prompt.index, "repeat": rep, "method": method.name,
-                                "k": k, "temperature": temp, "max_new_tokens": max_new,
+                                "prompt_index": prompt.index, "repeat": rep, "method": arm.method.name,
+                                "k": arm.k, "temperature": temp, "max_new_tokens": max_new,
                                 "seed": seed, "chat": prompt.chat, **(meta or {}), **arm.meta}
-                        rec = request_record(result, head)
-                        if method.name == BASELINE:
-                            ar_ids = result.token_ids
-                        rec["identity"] = None
-                        if params.greedy and method.name != BASELINE and ar_ids is not None:
-                            rec["identity"] = compare_greedy(llm.target, ids, ar_ids, result.token_ids).to_dict()
-                        records.append(rec)
-                        if sink:
-                            sink.write(rec, result)
-                        if on_request:
-                            on_request(rec)
+                        rec, result = timed(arm, ids, params, head, threads[ai], policy, cores)
+                        unit.slots.append(Slot(ai, arm.method.name == BASELINE, not replay[ai], [(rec, result)], head))
+                    queue.add(unit)
+    queue.finish()
+    left = sum(1 for r in records if r.get("starved"))
+    if left:
+        warnings.append(f"{left} request{'s' if left > 1 else ''} still starved of CPU after re-runs "
+                        "(see report.md, Contamination): their ratios are unreliable; rerun on a quiet machine")
     conc = run_concurrency(prompts, encoded, cfg, arms, on_concurrency, meta) if cfg.concurrency else []
+    if any(c["starved"] for c in conc):
+        warnings.append(f"{sum(1 for c in conc if c['starved'])} concurrency rows starved of CPU (not re-run): "
+                        "their throughput is unreliable")
     load_after = os.getloadavg()
     peak = max([load_after[0], *(r["load1"] for r in records)])
-    if not warnings and peak > cores * 0.5:
+    if not any("BUSY" in w for w in warnings) and peak > cores * 0.5:
         warnings.append(f"MACHINE BUSY DURING THE RUN: load average reached {peak:.2f} on {cores} cores "
                         f"(quiet at start); per-request load is in requests.jsonl (load1): rerun on a quiet machine")
     return BenchRun(records, conc, load_before, load_after, started, time.time(), warnings)
@@ -277,7 +294,8 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
 def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: BenchConfig, arms: list[Arm],
                     on_row: Callable[[dict], None] | None = None, meta: dict | None = None) -> list[dict]:
     """For each N, T and method config: every prompt once, N in flight; throughput and
-    latency/TTFT distributions (latency = submit → last token)."""
+    latency/TTFT distributions (latency = submit → last token). A starved row is flagged
+    (its "starved" says why), not re-run."""
     rows: list[dict] = []
     max_new = cfg.max_new_tokens[0]
     for temp in cfg.temperatures:
@@ -287,13 +305,14 @@ def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: Be
                 spec = method.spec(k)
                 engine = Engine(arm.llm, max_concurrency=n, max_queue=len(encoded) + n)
                 jobs = [(ids, _params(cfg, temp, max_new, cfg.seed + i)) for i, ids in enumerate(encoded)]
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), contamination.cpu_clock()
                 try:
                     with ThreadPoolExecutor(max_workers=n) as pool:
                         results = list(pool.map(lambda j: engine.submit(j[0], j[1], spec).result(), jobs))
                 finally:
                     engine.shutdown()
                 wall_ms = (time.perf_counter() - t0) * 1000
+                cpu_s, threads = contamination.cpu_clock() - c0, expected_threads(arm)
                 tokens = sum(r.summary.output_tokens for r in results)
                 row = {"concurrency": n, "method": method.name, "k": k, "temperature": temp,
                        "max_new_tokens": max_new, "requests": len(results), "output_tokens": tokens,
@@ -301,6 +320,8 @@ def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: Be
                        "latency_ms": distribution([r.summary.wall_ms for r in results]),
                        "ttft_ms": distribution([r.summary.ttft_ms for r in results if r.summary.ttft_ms is not None]),
                        "peak_rss_mb": peak_rss_mb(), "target": results[0].target, "draft": results[0].draft,
+                       "cpu_share": cpu_s * 1000 / wall_ms if wall_ms else None, "threads": threads,
+                       "starved": starved(cpu_s, wall_ms / 1000, threads, cfg.trust.min_share, os.cpu_count() or 1),
                        **(meta or {}), **arm.meta}
                 rows.append(row)
                 if on_row:

@@ -42,7 +42,8 @@ from ..models.variants import SEP
 from .manifest import build_manifest, describe_model
 from .methods import BASELINE, parse_methods
 from .plots import write_plots
-from .report import build_summary, pair_with_ar, render_markdown, speedup_stats
+from .report import pair_with_ar, speedup_stats
+from .summary import build_summary, render_markdown
 from .runner import BenchConfig, BenchRun, TraceSink, make_arms, run_bench
 from .workloads import Prompt, prompt_set_hash
 

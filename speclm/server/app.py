@@ -52,8 +52,7 @@ from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamE
 @dataclass(frozen=True)
 class ServerConfig:
     """Server settings. The LLM must hold >= max_concurrency KV sequences
-    (LLM(max_sequences=...)). default_spec None: sd-draft when the LLM has a
-    draft model, else plain decoding (ar)."""
+    (LLM(max_sequences=...)). default_spec None: SpecConfig() (method auto)."""
 
     model_id: str | None = None  # None: the target file's stem
     max_tokens_limit: int = 4096

@@ -1,0 +1,89 @@
+"""One request's record: its figures (design note §2 names), its CPU share and
+whether it was starved (contamination.py), and the thread count it is judged by."""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+from ..metrics import GenerationResult
+from ..sampling import SamplingParams
+from ..speculative.methods import METHODS as TABLE
+from . import contamination
+from .contamination import CROSS_REQUEST_PROPOSALS, TrustPolicy, starved
+from .report import acceptance_from_counts, round_counts
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def request_record(result: GenerationResult, meta: dict) -> dict:
+    """One request's figures (design note §2 names) merged into `meta`."""
+    s = result.summary
+    counts = round_counts(result.rounds)
+    acc = acceptance_from_counts(counts)
+    wall = s.wall_ms
+    return {**meta, "prompt_tokens": result.prompt_tokens, "output_tokens": s.output_tokens,
+            "finish_reason": result.finish_reason, "wall_ms": wall, "ttft_ms": s.ttft_ms,
+            "tpot_ms": s.tpot_ms, "tokens_per_s": s.tokens_per_s,
+            "accepted_progress_per_ms": s.accepted_progress_per_ms, **counts, **acc,
+            "prefill_ms": s.prefill_ms, "draft_ms": s.draft_ms, "verify_ms": s.verify_ms,
+            "other_ms": s.other_ms,
+            # the first round's drafting includes the draft model's own prompt prefill
+            "first_round_draft_ms": result.rounds[0].draft_ms if result.rounds else 0.0,
+            "first_round_proposed": result.rounds[0].proposed if result.rounds else 0,
+            "draft_share": s.draft_ms / wall if wall > 0 else 0.0,
+            "verify_share": s.verify_ms / wall if wall > 0 else 0.0,
+            "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
+            "target": result.target, "draft": result.draft, "text": result.text,
+            "token_ids": result.token_ids, **ssd_counts(result.rounds)}
+
+
+def ssd_counts(rounds) -> dict:
+    """SSD rounds only: cache hits overall and by the outcome k they answered, and the
+    verifier's wait for blocks ({} when no round went through a speculator)."""
+    ssd = [r.info for r in rounds if r.info and "hit" in r.info]
+    if not ssd:
+        return {}
+    by_k: dict[str, list[int]] = {}
+    for info in ssd:
+        if "outcome_k" in info:
+            h_n = by_k.setdefault(str(info["outcome_k"]), [0, 0])
+            h_n[0] += bool(info["hit"])
+            h_n[1] += 1
+    return {"cache_rounds": len(ssd), "cache_hits": sum(bool(i["hit"]) for i in ssd), "cache_hits_by_k": by_k,
+            "speculator_wait_ms": sum(i.get("wait_ms", 0.0) for i in ssd),
+            "speculator_wait_hit_ms": sum(i.get("wait_ms", 0.0) for i in ssd if i["hit"]),
+            "speculator_busy_ms": sum(i.get("busy_ms", 0.0) for i in ssd)}
+
+
+def expected_threads(arm) -> int | None:
+    """The threads the arm's requests compute with on the target (None: not a threaded backend)."""
+    base = getattr(arm.llm.target, "n_threads", None)
+    if base is None:
+        return None
+    try:
+        return TABLE[arm.method.method].threads(arm.llm, arm.method.spec(arm.k)) or base
+    except Exception:  # a method whose thread policy needs what this LLM lacks: its default
+        return base
+
+
+def learns_across_requests(arm) -> bool:
+    """True when the arm's proposer keeps state between requests (a re-run would replay)."""
+    spec = arm.method.spec(arm.k)
+    return TABLE[arm.method.method].proposal_for(spec, has_draft=True) in CROSS_REQUEST_PROPOSALS
+
+
+def timed(arm, ids: list[int], params: SamplingParams, head: dict, threads: int | None,
+          policy: TrustPolicy, cores: int) -> tuple[dict, GenerationResult]:
+    """One request with its record, CPU share and starvation verdict (contamination.py)."""
+    c0, w0 = contamination.cpu_clock(), time.perf_counter()
+    result = arm.method.generate(arm.llm, ids, params, arm.method.spec(arm.k))
+    cpu_s, wall_s = contamination.cpu_clock() - c0, time.perf_counter() - w0
+    rec = request_record(result, head)
+    rec.update(cpu_s=cpu_s, cpu_share=cpu_s / wall_s if wall_s > 0 else None, threads=threads,
+               starved=starved(cpu_s, wall_s, threads, policy.min_share, cores), attempt=0, rerun_reason=None)
+    return rec, result
