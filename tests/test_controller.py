@@ -11,7 +11,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.metrics import RoundRecord
-from speclm.speculative.controller import (Calibration, CostModel, GoodputController, HeuristicController,
+from speclm.speculative.controller import (Calibration, match_group, CostModel, GoodputController, HeuristicController,
                                            expected_emitted, expected_tokens)
 
 # Costs measured on this machine for the Qwen 1.5B target (ms to score b tokens).
@@ -191,9 +191,10 @@ def test_only_verified_positions_update_the_calibration():
     assert ctrl.choose_prefix([0.6, 0.6, 0.85, 0.92, 0.92]) == 5
     ctrl.observe(RoundRecord(proposed=5, accepted=2, draft_ms=0.0, verify_ms=1.0, other_ms=0.5))
     cal = ctrl.calibration
-    assert cal.seen[cal.bucket(0.6)] == pytest.approx(2.0) and cal.accepted[cal.bucket(0.6)] == pytest.approx(2.0)
-    assert cal.seen[cal.bucket(0.85)] == pytest.approx(1.0) and cal.accepted[cal.bucket(0.85)] == 0.0
-    assert cal.seen[cal.bucket(0.92)] == 0.0
+    seen = lambda c: cal.cells.get((0, cal.bucket(c)), [0.0, 0.0, 0.0])  # noqa: E731  (group 0: no match length)
+    assert seen(0.6)[0] == pytest.approx(2.0) and seen(0.6)[2] == pytest.approx(2.0)
+    assert seen(0.85)[0] == pytest.approx(1.0) and seen(0.85)[2] == 0.0
+    assert seen(0.92)[0] == 0.0
 
 
 def test_a_stop_inside_the_round_is_not_counted_as_a_rejection():
@@ -204,4 +205,18 @@ def test_a_stop_inside_the_round_is_not_counted_as_a_rejection():
     assert ctrl.choose_prefix([0.95] * 4) == 4
     ctrl.observe(RoundRecord(proposed=4, accepted=2, discarded=3, draft_ms=0.0, verify_ms=1.0, other_ms=0.5))
     cal = ctrl.calibration
-    assert cal.seen[cal.bucket(0.95)] == 4.0 and cal.accepted[cal.bucket(0.95)] == 4.0
+    cell = cal.cells[(0, cal.bucket(0.95))]
+    assert cell[0] == 4.0 and cell[2] == 4.0
+
+
+def test_calibration_keeps_long_matches_apart_from_short_ones():
+    """Rejections of estimates made on 1-token matches must not talk down the same
+    estimate made on a 16-token match: they are calibrated in different groups."""
+    ctrl = per_position({b: 1.0 + 0.1 * b for b in range(1, 18)}, calibration=Calibration(decay=1.0))
+    for _ in range(40):  # short matches: estimate 1.0, always rejected
+        ctrl.choose(16)
+        if ctrl.choose_prefix([1.0], match_len=1):
+            ctrl.observe(RoundRecord(proposed=1, accepted=0, draft_ms=0.0, verify_ms=1.1, other_ms=0.5))
+    assert ctrl.calibration(1.0, match_group(1)) < 0.2
+    ctrl.choose(16)
+    assert ctrl.choose_prefix([1.0] * 8, match_len=16) == 8  # a long match still drafts a long block

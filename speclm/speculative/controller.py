@@ -123,46 +123,45 @@ def expected_emitted(alpha: float, k: int) -> float:
 OPTIMISTIC_ALPHA = 0.98
 
 
+def match_group(match_len: int | None) -> int:
+    """Calibration group of an estimate made on a suffix match of this many tokens
+    (0: no match length known; then 1, 2-3, 4-7, 8-15, 16-31, 32+)."""
+    return 0 if not match_len else min(match_len.bit_length(), 6)
+
+
 @dataclass
 class Calibration:
     """Maps a proposer's estimated acceptance probability to the observed one.
 
-    Estimates fall in buckets (upper edges `edges`); per bucket, decayed sums
-    of predictions and of outcomes. calibrated(c) = c + (Σ outcome − Σ predicted)
-    / (n + prior_weight), clipped to [0, 1]: no observations leave c as is,
-    many move it to the bucket's observed rate (order within a bucket kept).
-    Shareable by the requests of one LLM and proposer kind; thread-safe.
+    Estimates fall in cells: a group (the length of the match the estimate was
+    made on: a continuation seen once after a 1-token match and one seen once
+    after a 16-token match are not equally reliable) and a bucket of the
+    estimate (upper edges `edges`). Per cell, decayed sums of predictions and of
+    outcomes; calibrated(c) = c + (Σ outcome − Σ predicted) / (n + prior_weight),
+    clipped to [0, 1]: no observations leave c as is, many move it to the cell's
+    observed rate. Shareable by the requests of one LLM and proposer kind; thread-safe.
     """
 
     edges: tuple[float, ...] = (0.3, 0.5, 0.7, 0.8, 0.9, 0.97, 1.0)
     prior_weight: float = 4.0
-    decay: float = 0.99  # per observation in a bucket: ~100-observation memory
-    seen: list[float] = field(default_factory=list)
-    predicted: list[float] = field(default_factory=list)
-    accepted: list[float] = field(default_factory=list)
+    decay: float = 0.99  # per observation in a cell: ~100-observation memory
+    cells: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # -> [seen, predicted, accepted]
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        n = len(self.edges)
-        for name in ("seen", "predicted", "accepted"):
-            if not getattr(self, name):
-                setattr(self, name, [0.0] * n)
 
     def bucket(self, c: float) -> int:
         return min(bisect_left(self.edges, c), len(self.edges) - 1)
 
-    def __call__(self, c: float) -> float:
-        b = self.bucket(c)
-        gap = (self.accepted[b] - self.predicted[b]) / (self.seen[b] + self.prior_weight)
-        return min(1.0, max(0.0, c + gap))
+    def __call__(self, c: float, group: int = 0) -> float:
+        seen, predicted, accepted = self.cells.get((group, self.bucket(c)), (0.0, 0.0, 0.0))
+        return min(1.0, max(0.0, c + (accepted - predicted) / (seen + self.prior_weight)))
 
-    def update(self, c: float, accepted: bool) -> None:
-        """One verified position: estimate c, and whether it was accepted."""
-        b = self.bucket(c)
+    def update(self, c: float, accepted: bool, group: int = 0) -> None:
+        """One verified position: estimate c (made in `group`), and whether it was accepted."""
         with self._lock:
-            self.seen[b] = self.decay * self.seen[b] + 1.0
-            self.predicted[b] = self.decay * self.predicted[b] + c
-            self.accepted[b] = self.decay * self.accepted[b] + float(accepted)
+            cell = self.cells.setdefault((group, self.bucket(c)), [0.0, 0.0, 0.0])
+            cell[0] = self.decay * cell[0] + 1.0
+            cell[1] = self.decay * cell[1] + c
+            cell[2] = self.decay * cell[2] + float(accepted)
 
 
 def expected_tokens(confidence: list[float]) -> list[float]:
@@ -185,7 +184,7 @@ class GoodputController:
         self.per_position = per_position  # True: drafts carry estimates, choose_prefix() cuts them
         self.shared_tokens, self.shared_expected = 0, 0.0  # other requests in the same forward (share_step)
         self.planned_expected = 1.0  # E[tokens] of the round last planned (for the step's other requests)
-        self._predicted: list[float] = []  # raw estimates of the positions sent to verification
+        self._predicted: list[tuple[float, int]] = []  # (raw estimate, group) of the positions verified
         self.prefix_note: str | None = None
         self.decay, self.probe_every = decay, probe_every
         self.accepted = alpha_prior * prior_weight  # decayed pseudo-counts
@@ -254,11 +253,15 @@ class GoodputController:
         gain = self.rate(best) / self.rate(0)
         return best, f"alpha={self.alpha:.2f} K={best} est {gain:.2f}x of K=0"
 
-    def choose_prefix(self, confidence: list[float]) -> int:
+    def choose_prefix(self, confidence: list[float], match_len: int | None = None) -> int:
         """How many of the drafted tokens to verify: the m in 0..len(confidence)
         (≤ k_max) maximising E(m) / (v(m+1) + o) under the calibrated estimates
-        (the draft is already paid for). Remembers the estimates for observe()."""
-        cal = [self.calibration(c) for c in confidence[:self.k_max]]
+        (the draft is already paid for). match_len: the suffix match the draft
+        continues (token j's estimate rests on a match of match_len + j tokens).
+        Remembers the estimates for observe()."""
+        conf = confidence[:self.k_max]
+        groups = [match_group(match_len + j if match_len else None) for j in range(len(conf))]
+        cal = [self.calibration(c, g) for c, g in zip(conf, groups)]
         exp = expected_tokens(cal)
         rates = [(self.shared_expected + exp[m]) / (self.cost.verify(self.shared_tokens + m + 1) + self.cost.other_ms)
                  for m in range(len(exp))]
@@ -271,7 +274,7 @@ class GoodputController:
                 note = f"probe K=1 of {len(cal)} drafted (calibrated c1={cal[0]:.2f})"
         elif best > 0:
             self.rounds_at_zero = 0
-        self._predicted = list(confidence[:best])
+        self._predicted = list(zip(conf[:best], groups[:best]))
         self.prefix_note = note
         self.planned_expected = exp[best]
         return best
@@ -282,7 +285,8 @@ class GoodputController:
         a = getattr(rec, "verified", rec.accepted)
         seen = min(a + 1, rec.proposed, len(self._predicted))
         for j in range(seen):  # position j+1 was verified: accepted iff j < a
-            self.calibration.update(self._predicted[j], j < a)
+            c, group = self._predicted[j]
+            self.calibration.update(c, j < a, group)
         self._predicted = []
         if self._probing:
             self.probe_k = min(self.k_max, 2 * rec.proposed) if rec.proposed and a == rec.proposed else 0

@@ -373,7 +373,7 @@ class SuffixProposer(Proposer):
         d = Draft(list(best.tokens), [None] * len(best.tokens), list(best.confidence))
         kept = len(d)
         if self.controller is not None and d.tokens:
-            kept = self.controller.choose_prefix(d.confidence)
+            kept = self.controller.choose_prefix(d.confidence, best.length)
             d.truncate(kept)
         self.counts["drafted"] += len(best.tokens)
         self.counts["kept"] += kept
