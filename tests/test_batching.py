@@ -12,6 +12,7 @@ prompt longer than the prefill chunk is prefilled in chunks while others decode.
 from __future__ import annotations
 
 import threading
+import time
 
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
@@ -75,6 +76,18 @@ def test_batched_outputs_equal_solo_outputs_exactly():
     assert llm.target.live_sequences == 0
 
 
+def test_each_round_is_one_forward_and_the_prompt_is_prefilled_once():
+    """An AR request of n tokens alone in the engine costs 1 prefill + n forwards:
+    decoded tokens enter the KV through their rounds, never again as 'prefill'."""
+    target = CountingToy(6, seed=4, n_ctx=512)
+    llm = toy_llm(target)
+    ar_solo = llm.generate([0, 1, 2, 3], SamplingParams(max_new_tokens=20), SpecConfig(method="ar"))
+    target.batches.clear()
+    (res,) = run_batched(llm, [([0, 1, 2, 3], SamplingParams(max_new_tokens=20), SpecConfig(method="ar"))])
+    assert res.token_ids == ar_solo.token_ids
+    assert len(target.batches) == 1 + 20
+
+
 def test_batched_rounds_record_the_shared_forward():
     llm = toy_llm()
     results = run_batched(llm, MIXED[:3])
@@ -99,8 +112,16 @@ def test_sampling_stays_lossless_with_several_requests_per_step():
     assert tv < bound, (tv, bound)
 
 
+class SlowToy(CountingToy):
+    """Forwards take 3 ms: a request lasts long enough to be cancelled halfway."""
+
+    def score_batch(self, items, all_logits=None):
+        time.sleep(0.003)
+        return super().score_batch(items, all_logits)
+
+
 def test_cancelling_one_request_mid_batch_frees_it_and_spares_the_others():
-    llm = toy_llm()
+    llm = toy_llm(SlowToy(6, seed=4, n_ctx=512))
     jobs = [([i, 1, 2], SamplingParams(temperature=1.0, seed=i, max_new_tokens=60), SpecConfig(method="sd-draft", k=3))
             for i in range(4)]
     solo = [llm.generate(p, sp, spec).token_ids for p, sp, spec in jobs]

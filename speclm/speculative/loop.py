@@ -147,14 +147,15 @@ class Generation:
         """Take a KV sequence and let the proposer start; the prompt is not yet in the KV."""
         self.t_begin = time.perf_counter()  # a scheduler may start us later than t_start
         self.seq = self.target.new_sequence()
-        self.kv_len = 0  # tokens of context[:-1] in the target's KV (prefill progress)
+        self.kv_len = 0  # prompt tokens (context[:-1] at the start) prefilled so far
+        self.prompt_end = len(self.context) - 1  # where prefill stops: later tokens enter the KV by rounds
         if self.proposer is not None and self.k > 0:
             self.proposer.begin(self.context, self.params)
 
     @property
     def prefill_left(self) -> list[int]:
         """The prompt tokens still to prefill (all but the pending last one)."""
-        return self.context[self.kv_len:len(self.context) - 1] if self.seq is not None else []
+        return self.context[self.kv_len:self.prompt_end] if self.seq is not None else []
 
     def prefilled(self, n: int) -> None:
         """A scheduler prefilled the next n tokens of prefill_left into our sequence."""
