@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from speclm import LLM, SpecConfig
 from speclm.backends.toy import ToyBackend
@@ -27,27 +26,16 @@ from speclm.bench import endpoint_metrics
 from speclm.bench.endpoint import EndpointError, base_url
 from speclm.cli import main
 from speclm.server import ServerConfig, create_app
-from speclm.server.cli import Server, add_serve_parser, build_app
+from speclm.server.cli import add_serve_parser, build_app
+
+from .test_server import live as live_server
 
 
 @contextmanager
 def live(app) -> Iterator[str]:
-    """Serve an ASGI app on a free loopback port in a background thread."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    """Serve an ASGI app on a free loopback port (tests/test_server.py's live); its URL."""
+    with live_server(app) as (url, _):
+        yield url
 
 
 def toy_server(method: str, **config):

@@ -24,6 +24,7 @@ from speclm.speculative.ssd.wire import decode, encode
 from speclm.speculative.ssd.worker import Worker, toy_spec
 
 from .ssd_inline import InlineChannel
+from .test_server import wait_until
 
 VOCAB = 6
 PROMPT = [0, 1, 2, 0, 1]
@@ -57,14 +58,6 @@ def gone(pid: int) -> bool:
     """The process no longer exists at all (exited and reaped: no zombie)."""
     return not os.path.exists(f"/proc/{pid}")
 
-
-def wait_until(cond, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def sync_rounds(result) -> list[dict]:
@@ -189,7 +182,7 @@ def test_kill_9_mid_request_then_the_next_request_gets_a_new_speculator():
         out = llm.generate(PROMPT, params, spec, on_text=kill_after_a_few)
         assert out.token_ids == ar.token_ids and sync_rounds(out)
         assert llm.speculator_state()["state"] == "lost"
-        assert wait_until(lambda: gone(first)), "the killed speculator was not reaped"
+        assert wait_until(lambda: gone(first), 10.0), "the killed speculator was not reaped"
         again = llm.generate(PROMPT, params, spec)
         assert again.token_ids == ar.token_ids and not sync_rounds(again)
         state = llm.speculator_state()
@@ -298,7 +291,7 @@ def test_four_concurrent_ssd_requests_leave_the_speculator_alive():
         assert not any(sync_rounds(r) for r in results)
         assert llm.speculator_state() == {"state": "alive", "restarts": 0, "pid": llm.speculator().pid,
                                           "reason": None}
-        assert wait_until(lambda: llm.speculator().stats()["sessions"] == 0)
+        assert wait_until(lambda: llm.speculator().stats()["sessions"] == 0, 10.0)
     finally:
         llm.close()
 
