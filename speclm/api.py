@@ -36,10 +36,11 @@ class LLM:
 
     def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
                  n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2,
-                 speculator=None, suffix_cache_tokens: int = 100_000):
+                 speculator=None, suffix_cache_tokens: int = 100_000, heads=None):
         """n_ctx: tokens per sequence; max_sequences: requests in flight at once;
         speculator: a SpeculatorConfig for method ssd (None: defaults);
-        suffix_cache_tokens: bound of each suffix cache of earlier outputs (0: none)."""
+        suffix_cache_tokens: bound of each suffix cache of earlier outputs (0: none);
+        heads: MedusaHeads for method medusa (None: loaded from the heads file on first use)."""
         from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
         self._n_ctx, self._n_threads, self._max_seqs = n_ctx, n_threads, max_sequences
         self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences)
@@ -53,6 +54,8 @@ class LLM:
         self._suffix_caches: dict[str | None, SuffixCache] = {}
         self._cache_lock = threading.Lock()
         self._speculator_cfg = speculator
+        self._heads: dict[str | None, object] = {} if heads is None else {None: heads}  # heads file -> MedusaHeads
+        self._learners: dict[tuple, object] = {}  # (heads file, scope) -> OnlineLearner
         self._speculator = None  # a SpeculatorSupervisor once an ssd request ran
         self._speculator_lock = threading.Lock()
         # Held by whoever runs forwards on target or draft: llama.cpp contexts are not
@@ -101,6 +104,43 @@ class LLM:
             cache = self._suffix_caches.get(scope)
         if cache is not None:
             cache.clear()
+
+    def medusa_heads(self, spec: SpecConfig):
+        """(MedusaHeads, OnlineLearner or None) for a medusa request: the heads file's
+        heads, or with spec.medusa.online this scope's own adapting copy of them."""
+        from .heads.online import OnlineLearner
+        opts = spec.medusa
+        with self._cache_lock:
+            self.target.enable_hidden()
+            if opts.heads not in self._heads:
+                self._heads[opts.heads] = self._load_heads(opts.heads)
+            heads = self._heads[opts.heads]
+            if not opts.online:
+                return heads, None
+            key = (opts.heads, spec.cache_scope)
+            if key not in self._learners:
+                self._learners[key] = OnlineLearner(heads.copy(), lr=opts.online_lr, budget_ms=opts.online_budget_ms)
+            return self._learners[key].heads, self._learners[key]
+
+    def _load_heads(self, path: str | None):
+        from pathlib import Path
+
+        from .heads.file import find_heads, load_heads, target_sha256
+        gguf = getattr(self.target, "path", None)
+        if gguf is None:
+            raise InvalidRequestError(f"no medusa heads for {self.target.name}: pass LLM(heads=MedusaHeads(...))")
+        sha = target_sha256(gguf)
+        found = Path(path) if path is not None else find_heads(sha)
+        if found is None:
+            raise InvalidRequestError(f"no medusa heads trained for {Path(gguf).name}: train them with "
+                                      f"`speclm heads train --target NAME` or pass --heads FILE")
+        return load_heads(found, gguf, self.target.enable_hidden(), self.target.vocab_size, sha)
+
+    def clear_heads(self, scope: str | None = None) -> None:
+        """Forget what online adaptation learnt in `scope` (the next request starts from the file's heads)."""
+        with self._cache_lock:
+            for key in [k for k in self._learners if k[1] == scope]:
+                del self._learners[key]
 
     def calibration(self, proposal: str | None) -> Calibration:
         """How a proposal's per-token estimates map to observed acceptance, learnt by every request."""

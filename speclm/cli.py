@@ -1,4 +1,4 @@
-"""`speclm` command line: generate | models | serve | bench.
+"""`speclm` command line: generate | models | serve | bench | heads.
 
 Every user-fixable error is printed as one line `speclm: error: ...` and the
 command exits 1 (2 for usage errors, as argparse does).
@@ -46,6 +46,7 @@ def _add_speculator(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .bench.cli import add_bench_parser
+    from .heads.cli import add_heads_parser
     from .models.cli import add_models_parser
     from .server.cli import add_serve_parser
     parser = argparse.ArgumentParser(prog="speclm", description="Lossless speculative decoding.")
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_models_parser(sub)
     add_serve_parser(sub)
     add_bench_parser(sub)
+    add_heads_parser(sub)
     return parser
 
 

@@ -26,6 +26,9 @@ def add_spec_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> 
         if opt.section not in groups:
             groups[opt.section] = p.add_argument_group(f"{opt.section.upper()} (method {opt.section})")
         default = f" (default {opt.default})" if opt.default is not None else ""
+        if opt.kind is bool:
+            groups[opt.section].add_argument(opt.flag, dest=opt.dest, action="store_true", help=opt.help)
+            continue
         groups[opt.section].add_argument(opt.flag, dest=opt.dest, type=opt.kind, default=opt.default,
                                          choices=opt.choices, help=opt.help + default)
     p.set_defaults(spec_dests=tuple(dests))  # what spec_from_args reads back

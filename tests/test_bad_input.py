@@ -180,7 +180,7 @@ def test_k_unset_is_the_methods_default(method, k):
     assert SpecConfig(method=method).k == SpecConfig(method=method, k=None).k == k
 
 
-@pytest.mark.parametrize("method", ["", "AR", "sd", "medusa", None])
+@pytest.mark.parametrize("method", ["", "AR", "sd", "eagle", None])
 def test_unknown_method(method):
     with pytest.raises(InvalidRequestError) as err:
         SpecConfig(method=method)

@@ -384,3 +384,27 @@ def test_toy_run_reports_halves_computed_from_each_halfs_requests(tmp_path):
         assert proposed > 0 and row["acceptance_rate"] == pytest.approx(sum(r["accepted"] for r in sd) / proposed)
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## First half vs second half" in md and "| seq | sd-ngram K=3 | 0 | 0–1 / 2–4 |" in md
+
+
+def test_curve_is_acceptance_per_block_of_drafting_rounds_in_run_order():
+    from speclm.bench.heads_report import curve
+    recs = [{"round_pa": [[3, 0]] * 50 + [[0, 0]] * 7}, {"round_pa": [[3, 3]] * 50 + [[3, 1]] * 130}]
+    assert curve(recs, block=100) == pytest.approx([150 / 300, 100 / 300])  # K = 0 rounds and the partial last block do not count
+
+
+def test_toy_medusa_run_reports_heads_cost_per_head_acceptance_and_the_online_curve(tmp_path):
+    from speclm.speculative.config import SpecConfig
+
+    from .test_lossless_harness import toy_heads
+    data = write(tmp_path, [{"category": "seq", "prompt": p} for p in ("abcabcabc", "abcdabcd", "bcabca")])
+    target = ToyBackend(6, seed=4, n_ctx=256)
+    llm = LLM(target=target, heads=toy_heads(target))
+    cfg = BenchConfig(methods=["medusa"], ks=[3], max_new_tokens=[60], repeats=2,
+                      base=SpecConfig().with_options(online=True, online_lr=0.05))
+    bench_cli.run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", progress=False)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    rows = [r for r in summary["medusa"] if r["category"] == "seq"]
+    assert len(rows) == 1 and rows[0]["rounds"] > 100 and rows[0]["curve"]
+    assert rows[0]["heads_ms_per_round"] > 0 and rows[0]["learn_ms_per_round"] > 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Medusa heads" in md and "| seq | medusa K=3 |" in md

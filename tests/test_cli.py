@@ -216,7 +216,7 @@ def test_absurd_thread_count(capfd, monkeypatch):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["generate", PROMPT, "--method", "medusa"], "invalid choice: 'medusa'"),
+    (["generate", PROMPT, "--method", "eagle"], "invalid choice: 'eagle'"),
     (["generate", PROMPT, "--k", "four"], "invalid int value: 'four'"),
     (["generate"], "the following arguments are required: PROMPT"),
     (["models"], "the following arguments are required"),

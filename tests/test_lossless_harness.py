@@ -35,10 +35,17 @@ Grid (every method and every setting appears; not the cross product):
 | ssd-t1.0                  | ssd (defaults; speculator process) | 3 | temperature 1.0        |
 | sd-suffix-t1.0            | sd-suffix (cache of earlier runs) | 3 | temperature 1.0         |
 | auto-suffix-topk3-topp0.5 | auto (suffix, per-token estimates) | 3 | top-k 3 + top-p 0.5    |
+| medusa-t1.0               | medusa (random heads, unlike)      | 3 | temperature 1.0        |
+| medusa-online-topk3-topp0.5 | medusa, heads adapted online     | 3 | top-k 3 + top-p 0.5    |
+| auto-medusa-minp0.2       | auto (medusa)                      | 3 | min-p 0.2              |
 
 The suffix cases run every generation on one LLM, so each draws from a cache
 filled by the earlier generations (other seeds: text that differs from this
-request's own sample path).
+request's own sample path). The medusa heads are random (seeded) residual
+blocks over a random output matrix on the toy's hidden state (one-hot of the
+last two tokens), so q differs strongly from p; in the online case every
+round's verification updates them (a large learning rate), so later
+generations draft from heads that earlier ones changed.
 
 Filters (top-k/top-p/min-p) run at K ≥ 3 throughout. The unlike draft has
 another seed and is flatter than the target; the close draft shares the
@@ -50,7 +57,8 @@ Negative controls (the same harness must reject them, on a grid case the
 real code passes, with N_NEGATIVE = 3000 generations): a bonus token drawn
 from p_K instead of p_{K+1} (sd-draft-close-t1.0; measured S/threshold 6.2 at
 depth 4); a draft whose q is reported without the min-p filter it was sampled
-with (sd-draft-minp0.2; 5.8 at depth 1); accepting every draft token (55).
+with (sd-draft-minp0.2; 5.8 at depth 1); accepting every draft token (55);
+medusa drafts sampled from the heads but reported with a uniform q (medusa-t1.0).
 Under the real code every case stays below 0.4 of its threshold.
 
 Sample sizes: N = 4000 per case (ssd 2000: each round is a round trip to the
@@ -68,6 +76,7 @@ import pytest
 
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import TOY_ALPHABET, ToyBackend
+from speclm.heads.model import MedusaHeads
 from speclm.metrics import GenerationResult, RoundRecord
 from speclm.sampling import sample, target_probs
 from speclm.speculative import loop
@@ -96,6 +105,15 @@ def unlike_draft() -> ToyBackend:
 def close_draft() -> ToyBackend:
     """The target's own table, a little flatter: most rounds fully accepted."""
     return ToyBackend(V, seed=11, order=2, sharpness=1.0)
+
+
+def toy_heads(target: ToyBackend, n_heads: int = 3, seed: int = 5, scale: float = 1.5) -> MedusaHeads:
+    """Random Medusa heads over the toy's hidden state: distributions unlike the target's."""
+    rng = np.random.default_rng(seed)
+    d = target.hidden_size
+    return MedusaHeads(rng.standard_normal((n_heads, d, d)) * 0.5, rng.standard_normal((n_heads, d)),
+                       rng.standard_normal((target.vocab_size, d)) * scale, np.arange(target.vocab_size),
+                       target.vocab_size)
 
 
 class FrozenCosts(CostModel):
@@ -150,6 +168,10 @@ GRID = [
     Case("ssd-t1.0", SpecConfig(method="ssd", k=3), T1, n=N_SSD),
     Case("sd-suffix-t1.0", SpecConfig(method="sd-suffix", k=3), T1),
     Case("auto-suffix-topk3-topp0.5", SpecConfig(method="auto", k=3, proposer="suffix"), FILTERS),
+    Case("medusa-t1.0", SpecConfig(method="medusa", k=3), T1),
+    Case("medusa-online-topk3-topp0.5", SpecConfig(method="medusa", k=3).with_options(online=True, online_lr=0.05),
+         FILTERS),
+    Case("auto-medusa-minp0.2", SpecConfig(method="auto", k=3, proposer="medusa"), MIN_P),
 ]
 CASES = {c.name: c for c in GRID}
 
@@ -170,6 +192,7 @@ class Trace:
     miscounted: int = 0  # generations whose Σ emitted != len(token_ids)
     speculated: int = 0  # rounds served through an SSD speculator (hit or miss)
     hits: int = 0  # of those, blocks pre-drafted in time (timing-dependent)
+    learner: object = None  # medusa online: the LLM's learner after the case
 
     def add(self, res: GenerationResult, y: tuple[int, ...], case: Case) -> None:
         self.samples.append(y)
@@ -204,7 +227,8 @@ def terminal(case: Case) -> Callable[[tuple[int, ...]], bool]:
 
 def run_case(case: Case, n: int | None = None) -> Trace:
     """n generations through the public API, seeds 0..n-1."""
-    llm = LLM(target=make_target(case.eos), draft=case.draft())
+    target = make_target(case.eos)
+    llm = LLM(target=target, draft=case.draft(), heads=toy_heads(target))
     costs = FrozenCosts()
     llm.cost_model = lambda *args, **kwargs: costs  # auto: frozen synthetic costs (see docstring)
     is_terminal, trace = terminal(case), Trace()
@@ -215,6 +239,7 @@ def run_case(case: Case, n: int | None = None) -> Trace:
             if case.eos and len(y) < case.n_tokens and not is_terminal(y) and res.finish_reason == "stop":
                 y += (EOS,)  # ended by EOS (never in token_ids): EOS is the outcome's last token
             trace.add(res, y, case)
+        trace.learner = next(iter(llm._learners.values()), None)
     finally:
         llm.close()
     return trace
@@ -258,6 +283,9 @@ def test_every_method_and_setting_keeps_the_target_distribution(name: str) -> No
         assert sum(trace.ended.values()) > n // 20, trace.ended
     if case.spec.method == "ssd":  # rounds went through the speculator (hits depend on timing)
         assert trace.speculated > n, (trace.speculated, trace.hits)
+    if case.spec.medusa.online:  # the heads really learnt during the case
+        learner = trace.learner
+        assert learner is not None and learner.updates > n // 10, learner and learner.updates
 
 
 def test_the_harness_rejects_impossible_outcomes_outright() -> None:
@@ -307,6 +335,21 @@ def _q_without_min_p(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(DraftModelProposer, "propose", propose)
 
 
+def _medusa_q_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Medusa samples from its heads but reports a uniform q. (Reporting q one-hot is NOT a
+    bug: accepting a fixed guess d with probability p(d) and resampling from p without d is
+    exact whatever d was drawn from.)"""
+    from speclm.speculative.proposers.medusa import MedusaProposer
+    real_propose = MedusaProposer.propose
+
+    def propose(self, context, k, params, rng):
+        d = real_propose(self, context, k, params, rng)
+        d.q = [np.full(self.heads.vocab_size, 1.0 / self.heads.vocab_size) for _ in d.tokens]
+        return d
+
+    monkeypatch.setattr(MedusaProposer, "propose", propose)
+
+
 def _accept_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """Gross: keep every draft token whatever p and q say."""
     monkeypatch.setattr(loop, "accept", lambda d, p, params, rng: len(d.tokens))
@@ -316,7 +359,8 @@ def _accept_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     (_bonus_from_p_k, "sd-draft-close-t1.0"),
     (_q_without_min_p, "sd-draft-minp0.2"),
     (_accept_everything, "sd-draft-t1.0"),
-], ids=["bonus-from-p_K", "q-without-min-p", "accept-everything"])
+    (_medusa_q_uniform, "medusa-t1.0"),
+], ids=["bonus-from-p_K", "q-without-min-p", "accept-everything", "medusa-q-uniform"])
 def test_the_harness_rejects_a_broken_loop(monkeypatch: pytest.MonkeyPatch, bug, case_name: str) -> None:
     """Each injected bug, on a grid case the real code passes, fails the same
     check with fewer samples than the grid uses."""

@@ -14,6 +14,9 @@ Contracts:
   forward over all sequences (same results up to batch numerics).
 - `rollback(seq, n)` keeps the first n tokens; O(1) bookkeeping, no recompute.
 - `fork(seq)` returns a new sequence sharing seq's tokens (KV copied/shared).
+- `enable_hidden()` (optional) makes every later forward also keep each row's
+  final hidden state (the vector the output head multiplies); `hidden_states(seq)`
+  returns those of seq's latest forward that are still in its KV.
 """
 
 from __future__ import annotations
@@ -94,6 +97,30 @@ class Backend(ABC):
         every = all_logits or [True] * len(items)
         return [self.score(seq, tokens) if full else self.prefill(seq, tokens)[None, :]
                 for (seq, tokens), full in zip(items, every)]
+
+    # ---- hidden states (optional: proposers that draft from the target's own state)
+    def enable_hidden(self) -> int:
+        """Keep hidden states from now on; returns their size. InvalidRequestError
+        if this backend cannot give them."""
+        raise InvalidRequestError(f"{self.name} does not expose hidden states (needed by medusa heads): "
+                                  f"use a llama.cpp model")
+
+    _hidden_rows: dict[int, tuple[int, np.ndarray]] | None = None  # seq -> (start, rows); set on by enable_hidden
+
+    def hidden_states(self, seq: int) -> tuple[int, np.ndarray] | None:
+        """(position of the first row, rows (n, d)) of seq's latest forward, cut to
+        what its KV still holds after rollbacks; None if hidden states are off or
+        nothing of that forward is left."""
+        kept = (self._hidden_rows or {}).get(seq)
+        if kept is None:
+            return None
+        start, rows = kept
+        n = min(len(rows), len(self.tokens(seq)) - start)
+        return (start, rows[:n]) if n > 0 else None
+
+    def _keep_hidden(self, seq: int, start: int, rows: np.ndarray) -> None:
+        if self._hidden_rows is not None:
+            self._hidden_rows[seq] = (start, rows)
 
     def use_threads(self, n_threads: int | None) -> None:
         """Compute with n threads from now on (None: the backend's default)."""

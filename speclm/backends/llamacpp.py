@@ -106,6 +106,7 @@ class LlamaCppBackend(Backend):
         cparams.n_threads_batch = self.n_threads
         cparams.kv_unified = True
         cparams.no_perf = True
+        cparams.pooling_type = L.LLAMA_POOLING_TYPE_NONE  # hidden states (when enabled) per row, not pooled
         self._ctx = L.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             L.llama_model_free(self._model)
@@ -176,7 +177,32 @@ class LlamaCppBackend(Backend):
         return self._decode(seq, tokens, all_logits=True)
 
     def prefill(self, seq: int, tokens: list[int]) -> np.ndarray:
+        if self._hidden_rows is not None and len(tokens) > 1:
+            # With embeddings on, llama.cpp outputs EVERY row (the output head over a whole
+            # prompt: seconds); only the last row's hidden state is wanted.
+            self._set_embeddings(False)
+            try:
+                self._decode(seq, tokens[:-1], all_logits=False)
+            finally:
+                self._set_embeddings(True)
+            tokens = tokens[-1:]
         return self._decode(seq, tokens, all_logits=False)[-1]
+
+    def enable_hidden(self) -> int:
+        """Turn llama.cpp's per-row embeddings on (pooling NONE: the final-norm hidden
+        state, which the output matrix multiplies into the logits)."""
+        if self._hidden_rows is None:
+            self._set_embeddings(True)
+            self._hidden_rows = {}
+        return self.hidden_size
+
+    def _set_embeddings(self, on: bool) -> None:
+        L.llama_set_embeddings(self._ctx, on)
+        self._embeddings_on = on
+
+    @property
+    def hidden_size(self) -> int:
+        return int(L.llama_model_n_embd(self._model))
 
     def _decode(self, seq: int, tokens: list[int], all_logits: bool) -> np.ndarray:
         held = self._held[seq]
@@ -200,6 +226,11 @@ class LlamaCppBackend(Backend):
             raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}: "
                                f"{_last_error()}")
         held.extend(int(t) for t in tokens)
+        if getattr(self, "_embeddings_on", False):  # llama.cpp made every row an output
+            rows = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(n, self.hidden_size))
+            self._keep_hidden(seq, start, rows.copy())
+            logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(n, self.vocab_size))
+            return (logits if all_logits else logits[-1:]).copy()
         n_out = n if all_logits else 1
         ptr = L.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
@@ -210,7 +241,8 @@ class LlamaCppBackend(Backend):
         all_logits[i] False: item i is a prefill chunk and gets its last row only."""
         every = all_logits or [True] * len(items)
         total = sum(len(t) for _, t in items)
-        if total == 0 or total > self.n_ctx or len(items) == 1:
+        if total == 0 or total > self.n_ctx or len(items) == 1 or self._hidden_rows is not None:
+            # (hidden states on: llama.cpp would run the output head over every prefill row)
             return super().score_batch(items, all_logits)
         b, i, rows = self._batch, 0, []
         for (seq, tokens), full in zip(items, every):
@@ -259,6 +291,8 @@ class LlamaCppBackend(Backend):
         return sid
 
     def free(self, seq: int) -> None:
+        if self._hidden_rows is not None:
+            self._hidden_rows.pop(seq, None)
         if seq in self._held:
             L.llama_memory_seq_rm(self._mem, seq, 0, -1)
             del self._held[seq]

@@ -80,11 +80,32 @@ class ToyBackend(Backend):
         if len(held) + len(tokens) > self.n_ctx:
             raise ValueError("toy backend: context overflow")
         self.forward_calls += 1
-        rows = []
+        rows, hidden = [], []
         for t in tokens:
             held.append(int(t))
             rows.append(self.logits_for(held))
+            if self._hidden_rows is not None:
+                hidden.append(self.hidden_for(held))
+        if hidden:
+            self._keep_hidden(seq, len(held) - len(tokens), np.stack(hidden))
         return np.stack(rows)
+
+    # ---- hidden states: one-hot features of the last `order` tokens ------
+    def enable_hidden(self) -> int:
+        if self._hidden_rows is None:
+            self._hidden_rows = {}
+        return self.hidden_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.vocab_size * max(self.order, 1)
+
+    def hidden_for(self, context: list[int]) -> np.ndarray:
+        """The toy's "hidden state" after context: one-hot of each of the last `order` tokens."""
+        h = np.zeros(self.hidden_size, np.float32)
+        for slot, tok in enumerate(reversed(context[-max(self.order, 1):])):
+            h[slot * self.vocab_size + tok] = 1.0
+        return h
 
     def rollback(self, seq: int, n_tokens: int) -> None:
         del self._seqs[seq][n_tokens:]
@@ -96,6 +117,8 @@ class ToyBackend(Backend):
 
     def free(self, seq: int) -> None:
         self._seqs.pop(seq, None)
+        if self._hidden_rows is not None:
+            self._hidden_rows.pop(seq, None)
 
     def tokens(self, seq: int) -> list[int]:
         return list(self._seqs[seq])

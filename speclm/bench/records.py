@@ -12,6 +12,7 @@ from ..sampling import SamplingParams
 from ..speculative.methods import METHODS as TABLE
 from . import contamination
 from .contamination import CROSS_REQUEST_PROPOSALS, TrustPolicy, starved
+from .heads_report import heads_counts
 from .report import acceptance_from_counts, round_counts
 
 
@@ -39,7 +40,7 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
             "verify_share": s.verify_ms / wall if wall > 0 else 0.0,
             "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
             "target": result.target, "draft": result.draft, "text": result.text,
-            "token_ids": result.token_ids, **ssd_counts(result.rounds)}
+            "token_ids": result.token_ids, **ssd_counts(result.rounds), **heads_counts(result.rounds)}
 
 
 def ssd_counts(rounds) -> dict:
@@ -74,7 +75,8 @@ def expected_threads(arm) -> int | None:
 def learns_across_requests(arm) -> bool:
     """True when the arm's proposer keeps state between requests (a re-run would replay)."""
     spec = arm.method.spec(arm.k)
-    return TABLE[arm.method.method].proposal_for(spec, has_draft=True) in CROSS_REQUEST_PROPOSALS
+    proposal = TABLE[arm.method.method].proposal_for(spec, has_draft=True)
+    return proposal in CROSS_REQUEST_PROPOSALS or (proposal == "medusa" and spec.medusa.online)
 
 
 def timed(arm, ids: list[int], params: SamplingParams, head: dict, threads: int | None,

@@ -1,7 +1,7 @@
 """summary.json and report.md of a bench run: the per-group rows and verdicts
 (report.py) with the sections other modules compute — first vs second half
 (halves.py), contamination re-runs (contamination.py), the SSD projection
-(projection.py)."""
+(projection.py), Medusa heads (heads_report.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from .contamination import render as render_contamination
 from .contamination import summarize
 from .halves import halves
+from .heads_report import heads_rows
+from .heads_report import render as render_heads
 from .halves import render as render_halves
 from .methods import BASELINE
 from .projection import project
@@ -26,7 +28,7 @@ def build_summary(run, config: dict) -> dict:
     rows = group_rows(run.requests)
     return {"config": config, "rows": rows, "verdicts": verdicts(rows), "halves": halves(run.requests),
             "contamination": summarize(run.requests, config.get("contamination")),
-            "ssd_projection": project(run.requests),
+            "ssd_projection": project(run.requests), "medusa": heads_rows(run.requests),
             "identity_divergences": divergences(run.requests), "concurrency": run.concurrency,
             "load_before": list(run.load_before), "load_after": list(run.load_after),
             "warnings": list(run.warnings), "wall_s": run.ended - run.started,
@@ -60,7 +62,8 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
     observed = (summary["config"].get("contamination") or {}).get("observed", {})
     trust_part = render_contamination(summary.get("contamination"), observed.get("reruns", []))
     parts += ["", "## Results", "", RATIOS_NOTE, "", md_table(MAIN_HEADER, table_rows(summary)), *trust_part,
-              *halves_part, *ssd_part, "", "## Distributions (ms)", ""]
+              *halves_part, *ssd_part, *render_heads(summary.get("medusa", []), summary["rows"]),
+              "", "## Distributions (ms)", ""]
     dist_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                   *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))
                     for key in ("latency_ms", "ttft_ms", "tpot_ms")),

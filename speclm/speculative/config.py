@@ -13,11 +13,12 @@ from ..sampling import is_int
 from .methods import DEFAULT_METHOD, get_method, method_names, selectable_proposals
 from .options import Option, option, options_of
 from .proposers.ngram import check_ngram_sizes
+from .proposers.medusa import MedusaOptions
 from .proposers.suffix import SuffixConfig
 from .ssd.options import SSDOptions
 
 MAX_K = 32
-SECTIONS = {"ssd": SSDOptions, "suffix": SuffixConfig}  # SpecConfig field -> the dataclass of a method's own settings
+SECTIONS = {"ssd": SSDOptions, "suffix": SuffixConfig, "medusa": MedusaOptions}  # SpecConfig field -> the dataclass of a method's own settings
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,9 @@ class SpecConfig:
     k: draft tokens per round (for adaptive methods: the maximum; None: the
     method's default_k). proposer:
     what an adaptive method drafts with (None: the draft model when the LLM
-    has one, else prompt lookup). ssd, suffix: those proposals' own settings.
-    cache_scope: the LLM's suffix cache this request drafts from and teaches
-    (None: the LLM's default scope); set by the caller, never by a client.
+    has one, else prompt lookup). ssd, suffix, medusa: those proposals' own settings.
+    cache_scope: the LLM's suffix cache (and online-adapted heads) this request
+    drafts from and teaches (None: the LLM's default scope); set by the caller, never by a client.
     """
 
     method: str = option(DEFAULT_METHOD, "speculation method (default auto: K chosen every round from "
@@ -46,6 +47,7 @@ class SpecConfig:
                                         "ssd: --threads minus the speculator's)", kind=int)
     ssd: SSDOptions = dataclasses.field(default_factory=SSDOptions)
     suffix: SuffixConfig = dataclasses.field(default_factory=SuffixConfig)
+    medusa: MedusaOptions = dataclasses.field(default_factory=MedusaOptions)
     cache_scope: str | None = None  # whose suffix cache this request reads and feeds (the server: per API key)
 
     def __post_init__(self) -> None:

@@ -150,6 +150,7 @@ class Generation:
         self.kv_len = 0  # prompt tokens (context[:-1] at the start) prefilled so far
         self.prompt_end = len(self.context) - 1  # where prefill stops: later tokens enter the KV by rounds
         if self.proposer is not None and self.k > 0:
+            self.proposer.attach(self.target, self.seq)
             self.proposer.begin(self.context, self.params)
 
     @property
@@ -213,6 +214,8 @@ class Generation:
         last = resample(p[a], d.q[a] if a < len(d) else None,
                         d.tokens[a] if a < len(d) else None, self.params, self.rng)
         iterate(self.target, self.seq, self.context, d, a, last)
+        if self.proposer is not None and self.k > 0:
+            self.proposer.verified(d, p[:a + 1], a)
         n_before = len(self.stops.token_ids)
         for tok in (*d.tokens[:a], last):
             self._emit(self.stops.push(tok))

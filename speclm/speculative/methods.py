@@ -20,6 +20,7 @@ from ..errors import InvalidRequestError
 from .controller import GoodputController, HeuristicController
 from .proposers.base import Proposer
 from .proposers.draft_model import DraftModelProposer
+from .proposers.medusa import MedusaProposer
 from .proposers.ngram import NgramProposer
 from .proposers.suffix import SuffixProposer
 
@@ -48,6 +49,11 @@ def _ssd_proposer(llm: LLM, spec: SpecConfig, controller: Any) -> Proposer:
                        fallback=lambda: DraftModelProposer(llm.draft), name=f"ssd:{llm.draft.name}")
 
 
+def _medusa_proposer(llm: LLM, spec: SpecConfig, controller: Any) -> Proposer:
+    heads, learner = llm.medusa_heads(spec)
+    return MedusaProposer(heads, learner)
+
+
 PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
     Proposal("draft", lambda llm, spec, ctl: DraftModelProposer(llm.draft, p_min=spec.p_min), needs_draft=True,
              description="the draft model, sampled with the request's settings"),
@@ -58,6 +64,8 @@ PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
         controller=ctl if hasattr(ctl, "choose_prefix") else None),  # it cuts each draft to what pays
              description="suffix decoding: the longest match in this request and in the LLM's cache of "
                          "earlier verified outputs, per-token acceptance estimates"),
+    Proposal("medusa", _medusa_proposer,
+             description="Medusa heads: head i drafts token i from the target's own hidden state"),
     Proposal("ssd", _ssd_proposer, needs_draft=True, selectable=False,
              description="the SSD speculator's pre-drafted blocks"),
 )}
@@ -176,6 +184,9 @@ register(Method("sd-suffix", "suffix decoding: drafts from this request and earl
 register(Method("auto", "goodput controller: K chosen every round from measured costs and acceptance "
                         "(per drafted token, for suffix decoding), K = 0 (plain decoding) when speculation "
                         "does not pay", proposal="suffix", adaptive=True, controller=_goodput, default_k=16))
+register(Method("medusa", "Medusa heads on the target's hidden state (speclm heads train), fixed K "
+                          "(at most the number of heads); --heads-online adapts them from verification",
+                proposal="medusa", default_k=3))
 register(Method("heuristic", "K += 2 after a full acceptance, else K -= 1 (up to k)",
                 proposal="draft", adaptive=True, controller=_heuristic))
 register(Method("ssd", "speculative speculative decoding: a speculator process pre-drafts the next block "

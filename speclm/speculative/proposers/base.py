@@ -49,6 +49,15 @@ class Proposer(ABC):
         """Called once before the target's prefill: a proposer on other hardware
         may start its own prefill now, in parallel (default: nothing)."""
 
+    def attach(self, target, seq: int) -> None:
+        """The request's target backend and KV sequence, once taken (a proposer that
+        drafts from the target's own hidden states reads them there; default: nothing)."""
+
+    def verified(self, d: Draft, p: list[np.ndarray], n_accepted: int) -> None:
+        """After each round: the draft, the target distributions at the verified positions
+        (p_1..p_{a+1}, the request's sampling applied) and a = n_accepted (default: nothing).
+        Whatever a proposer learns here must only change later drafts."""
+
     def round_info(self) -> dict | None:
         """Facts about the last propose() for the round trace (SSD: cache hit, waits)."""
         return None
