@@ -25,7 +25,7 @@ class OnlineLearner:
     """Adapts `heads` in place. Not thread-safe: callers hold the LLM's backend lock."""
 
     heads: MedusaHeads
-    lr: float = 1e-4
+    lr: float = 3e-4
     batch: int = 16
     budget_ms: float = 15.0
     updates: int = 0

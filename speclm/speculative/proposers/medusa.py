@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import InvalidRequestError
-from ...heads.model import MedusaHeads, softmax_rows
+from ...heads.model import MedusaHeads, one_blas_thread, softmax_rows
 from ...heads.online import OnlineLearner
 from ...sampling import SamplingParams
 from ..options import option
@@ -55,7 +55,8 @@ class MedusaProposer(Proposer):
         self._drafted_from = pos
         if h is None or k <= 0:
             return Draft()
-        logits = self.heads.logits(h, k).astype(np.float64)
+        with one_blas_thread():
+            logits = self.heads.logits(h, k).astype(np.float64)
         ids = self.heads.vocab_ids
         d = Draft(confidence=[])
         if params.greedy:
@@ -97,7 +98,8 @@ class MedusaProposer(Proposer):
                 if h is not None:
                     rejected = j - i == self._drafted_from and i - 1 == n_accepted and n_accepted < len(d)
                     self.learner.add(i - 1, h, p_j, rejected)
-        self.learn_ms = self.learner.step()
+        with one_blas_thread():
+            self.learn_ms = self.learner.step()
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ class MedusaOptions:
                                flag="--heads")
     online: bool = option(False, "medusa: adapt the heads online from the target's verified distributions",
                           flag="--heads-online")
-    online_lr: float = option(1e-4, "medusa: Adam learning rate of online adaptation", flag="--heads-online-lr")
+    online_lr: float = option(3e-4, "medusa: Adam learning rate of online adaptation", flag="--heads-online-lr")
     online_budget_ms: float = option(15.0, "medusa: most ms of head updates per round",
                                      flag="--heads-online-budget-ms")
 
