@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +44,27 @@ def _last_error() -> str:
 
 
 _initialised = False
+
+# Every llama_decode of the process runs on this one thread. libgomp gives each calling
+# thread its own OpenMP team, and once the teams hold more threads than there are cores
+# it stops spinning at barriers and sleeps instead: measured here, decoding from a second
+# Python thread (the engine's, the server's) after the main thread had decoded ran at
+# 85-125 ms/token instead of 57, as long as the process lived.
+_compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-compute")
+_compute_ident: list[int] = []
+
+
+def _decode(ctx, batch) -> int:
+    """llama_decode on the compute thread (the caller blocks without spinning)."""
+    if _compute_ident and threading.get_ident() == _compute_ident[0]:
+        return L.llama_decode(ctx, batch)
+    return _compute.submit(_decode_here, ctx, batch).result()
+
+
+def _decode_here(ctx, batch) -> int:
+    if not _compute_ident:
+        _compute_ident.append(threading.get_ident())
+    return L.llama_decode(ctx, batch)
 
 
 def _init_once() -> None:
@@ -220,7 +243,7 @@ class LlamaCppBackend(Backend):
             b.seq_id[i][0] = seq
             b.logits[i] = 1 if (all_logits or i == n - 1) else 0
         b.n_tokens = n
-        rc = L.llama_decode(self._ctx, b)
+        rc = _decode(self._ctx, b)
         if rc != 0:
             L.llama_memory_seq_rm(self._mem, seq, start, -1)
             raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}: "
@@ -259,7 +282,7 @@ class LlamaCppBackend(Backend):
                 i += 1
             rows.append(len(tokens) if full else 1)
         b.n_tokens = total
-        rc = L.llama_decode(self._ctx, b)
+        rc = _decode(self._ctx, b)
         if rc != 0:
             for seq, _ in items:
                 L.llama_memory_seq_rm(self._mem, seq, len(self._held[seq]), -1)
