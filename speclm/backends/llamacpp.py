@@ -50,21 +50,16 @@ _initialised = False
 # it stops spinning at barriers and sleeps instead: measured here, decoding from a second
 # Python thread (the engine's, the server's) after the main thread had decoded ran at
 # 85-125 ms/token instead of 57, as long as the process lived.
-_compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-compute")
-_compute_ident: list[int] = []
+_compute_ident: list[int] = []  # the compute thread's ident, recorded when it starts
+_compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama-compute",
+                              initializer=lambda: _compute_ident.append(threading.get_ident()))
 
 
 def _decode(ctx, batch) -> int:
     """llama_decode on the compute thread (the caller blocks without spinning)."""
     if _compute_ident and threading.get_ident() == _compute_ident[0]:
         return L.llama_decode(ctx, batch)
-    return _compute.submit(_decode_here, ctx, batch).result()
-
-
-def _decode_here(ctx, batch) -> int:
-    if not _compute_ident:
-        _compute_ident.append(threading.get_ident())
-    return L.llama_decode(ctx, batch)
+    return _compute.submit(L.llama_decode, ctx, batch).result()
 
 
 def _init_once() -> None:
@@ -136,6 +131,7 @@ class LlamaCppBackend(Backend):
             self._model = None
             raise BackendError(f"llama.cpp could not create a context for {self.path} (n_ctx={self.n_ctx})")
         self._mem = L.llama_get_memory(self._ctx)
+        self._embeddings_on = False  # llama.cpp then makes every row an output (enable_hidden)
         self._batch = L.llama_batch_init(self.n_ctx, 0, 1)
         self.max_sequences = n_seq_max
         self._free_ids = list(range(n_seq_max))
@@ -249,7 +245,7 @@ class LlamaCppBackend(Backend):
             raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}: "
                                f"{_last_error()}")
         held.extend(int(t) for t in tokens)
-        if getattr(self, "_embeddings_on", False):  # llama.cpp made every row an output
+        if self._embeddings_on:  # llama.cpp made every row an output
             rows = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(n, self.hidden_size))
             self._keep_hidden(seq, start, rows.copy())
             logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(n, self.vocab_size))

@@ -18,18 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelError
+from ..models.store import sha256_file as file_sha256
 from .model import MedusaHeads
 
 FORMAT = "speclm-medusa-heads/1"
 PACKAGED = Path(__file__).parent / "data"  # heads shipped with speclm, named <target sha256[:16]>.npz
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def target_sha256(path: str | Path) -> str:

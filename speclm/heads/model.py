@@ -106,14 +106,19 @@ class MedusaHeads:
         z = (self.W[:n].reshape(n * d, d) @ h).reshape(n, d) + self.b[:n]  # one gemv over all heads' blocks
         return (h + silu(z)) @ self.out.T  # one pass over the output matrix for all heads
 
+    def head_logits(self, head: int, H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Head `head` (0-based) over hidden states H (N, d): its pre-activation Z and logits (N, V')."""
+        Z = H @ self.W[head].T + self.b[head]
+        return Z, (H + silu(Z)) @ self.out.T
+
     # ---- training --------------------------------------------------------
     def grads(self, head: int, H: np.ndarray, Y: np.ndarray,
               weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, float]:
         """Gradients of the mean weighted cross-entropy of head `head` (0-based) on hidden
         states H (N, d) against target distributions Y (N, V') (rows sum to 1), and the loss.
         Minimising it minimises KL(Y ‖ head)."""
-        Z = H @ self.W[head].T + self.b[head]
-        Q = softmax_rows((H + silu(Z)) @ self.out.T)
+        Z, logits = self.head_logits(head, H)
+        Q = softmax_rows(logits)
         w = np.ones(len(H), np.float32) if weights is None else weights.astype(np.float32)
         norm = max(float(w.sum()), 1e-9)
         loss = float(-(w * (Y * np.log(Q + 1e-12)).sum(axis=1)).sum() / norm)

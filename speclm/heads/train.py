@@ -188,9 +188,7 @@ def evaluate(heads: MedusaHeads, windows: list[Window], limit: int = 2000) -> li
             continue
         sel = np.linspace(0, len(wi) - 1, min(limit, len(wi))).astype(np.int64)
         H, _, greedy = batch_arrays(heads, windows, wi[sel], ti[sel], head)
-        Z = H @ heads.W[head - 1].T + heads.b[head - 1]
-        from .model import silu
-        pred = ((H + silu(Z)) @ heads.out.T).argmax(axis=1)
+        pred = heads.head_logits(head - 1, H)[1].argmax(axis=1)
         counts = np.bincount(greedy[greedy >= 0], minlength=len(heads.vocab_ids))
         out.append({"head": head, "n": int(len(sel)), "accuracy": float(np.mean(pred == greedy)),
                     "unigram": float(np.mean(greedy == counts.argmax()))})

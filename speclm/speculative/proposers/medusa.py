@@ -36,15 +36,17 @@ class MedusaProposer(Proposer):
     def attach(self, target, seq: int) -> None:
         self.target, self.seq = target, seq
 
-    def _remember(self) -> None:
+    def _remember(self) -> int | None:
+        """Add the latest forward's hidden states to the history; the position of its first row."""
         kept = self.target.hidden_states(self.seq) if self.target is not None else None
         if kept is None:
-            return
+            return None
         start, rows = kept
         for r, h in enumerate(rows):
             self._history[start + r] = h
         for pos in [p for p in self._history if p < start + len(rows) - HISTORY]:
             del self._history[pos]
+        return start
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
@@ -86,11 +88,9 @@ class MedusaProposer(Proposer):
         become distillation targets: p_j teaches head i at the hidden state of position j - i."""
         if self.learner is None:
             return
-        self._remember()
-        kept = self.target.hidden_states(self.seq)
-        if kept is None:
+        start = self._remember()
+        if start is None:
             return
-        start = kept[0]
         for r, p_j in enumerate(p[:n_accepted + 1]):
             j = start + r
             for i in range(1, self.heads.n_heads + 1):
