@@ -98,6 +98,12 @@ class LLM:
                 self._suffix_caches[scope] = SuffixCache(self._suffix_tokens)
             return self._suffix_caches[scope]
 
+    def suffix_cache_stats(self) -> dict[str | None, dict]:
+        """SuffixCache.stats() of every scope that has a cache."""
+        with self._cache_lock:
+            caches = dict(self._suffix_caches)
+        return {scope: cache.stats() for scope, cache in caches.items()}
+
     def clear_suffix_cache(self, scope: str | None = None) -> None:
         """Forget what suffix decoding learnt in `scope` (its acceptance calibration stays)."""
         with self._cache_lock:

@@ -21,7 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from speclm import LLM, SpecConfig
 from speclm.backends.toy import TOY_ALPHABET, ToyBackend
 from speclm.server import ServerConfig, create_app
+from speclm.errors import InvalidRequestError
 from speclm.server.cli import Server, add_serve_parser, build_app, cmd_serve
+from speclm.server.tenants import split_keys, tenant_id
 from speclm.speculative.methods import DEFAULT_METHOD
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
@@ -337,6 +339,51 @@ def test_api_key_guards_v1_and_metrics_only():
         assert httpx.get(url + "/health").status_code == 200
 
 
+def test_each_api_key_drafts_only_from_its_own_outputs():
+    """Tenants: key B never drafts from key A's outputs (acceptance timing would leak
+    them); sharing is an opt-in; /metrics shows each tenant's cache; an admin call
+    clears the caller's cache only, and needs a key."""
+    req = dict(model="toy", prompt="abcab", max_tokens=60, temperature=0,
+               extra_body={"speculative": {"method": "sd-suffix", "k": 8}})
+    a_id, b_id = tenant_id("key-a"), tenant_id("key-b")
+
+    def accepted(url: str, key: str) -> int:
+        return client(url, key).completions.create(**req).usage.model_extra["speculative"]["accepted"]
+
+    with live(create_app(toy_llm(), ServerConfig(model_id="toy", api_keys=("key-a", "key-b")))) as (url, _):
+        fresh = accepted(url, "key-a")
+        assert accepted(url, "key-b") == fresh  # A's output is not in B's cache
+        warm = accepted(url, "key-a")
+        assert warm > fresh  # ... but it is in A's own
+        m = scrape(url, Authorization="Bearer key-b")
+        assert m[("speclm_suffix_cache_requests", (("scope", a_id),))] == 2
+        assert m[("speclm_suffix_cache_requests", (("scope", b_id),))] == 1
+        assert m[("speclm_suffix_cache_hits_total", (("scope", a_id),))] > 0
+        assert 0 < m[("speclm_suffix_cache_hit_rate", (("scope", a_id),))] <= 1
+        assert m[("speclm_suffix_cache_max_tokens", (("scope", a_id),))] == 100_000
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = httpx.post(url + "/admin/cache/clear", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.post(url + "/admin/cache/clear", headers={"Authorization": "Bearer key-a"})
+        assert r.status_code == 200 and r.json()["scope"] == a_id and r.json()["suffix_cache"]["requests"] == 2
+        m = scrape(url, Authorization="Bearer key-a")
+        assert m[("speclm_suffix_cache_requests", (("scope", a_id),))] == 0
+        assert m[("speclm_suffix_cache_requests", (("scope", b_id),))] == 1
+        assert accepted(url, "key-a") == fresh
+    shared = ServerConfig(model_id="toy", api_keys=("key-a", "key-b"), share_cache=True)
+    with live(create_app(toy_llm(), shared)) as (url, _):
+        assert accepted(url, "key-a") == fresh and accepted(url, "key-b") == warm
+        assert scrape(url, Authorization="Bearer key-a")[("speclm_suffix_cache_requests", (("scope", "shared"),))] == 2
+
+
+def test_api_keys_come_from_a_list_and_blank_keys_are_refused(monkeypatch):
+    assert split_keys(" a, b,,c ") == ["a", "b", "c"] and split_keys(None) == []
+    assert ServerConfig(api_key="a", api_keys=("b", "a")).keys == ("a", "b")
+    for bad in ("", " padded"):
+        with pytest.raises(InvalidRequestError, match="API keys"):
+            ServerConfig(api_keys=(bad,))
+
+
 def test_queue_full_is_429_and_the_time_limit_cancels():
     llm = LLM(target=SlowToy(26, seed=4, n_ctx=1024))
     app = create_app(llm, ServerConfig(model_id="slow", max_concurrency=1, max_queue=1, request_timeout_s=1.5))
@@ -396,7 +443,7 @@ def test_serve_parser_and_app(monkeypatch):
     try:
         state = app.state.speclm
         assert state.model_id == "smollm2-135m" and state.spec.method == DEFAULT_METHOD
-        assert state.config.api_key == "from-env" and state.config.max_concurrency == 2
+        assert state.config.keys == ("from-env",) and state.config.max_concurrency == 2
         with live(app) as (url, _):
             assert httpx.get(url + "/v1/models").status_code == 401
             r = client(url, "from-env").completions.create(model="smollm2-135m", prompt="Hi", max_tokens=2)

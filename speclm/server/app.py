@@ -6,8 +6,11 @@ Contracts:
 - Every error has OpenAI's body shape; bad input is a 4xx, never a 500.
   Queue full: 429. Past config.request_timeout_s: the request is cancelled
   and answered 504 (streams: an error event, then `data: [DONE]`).
-- With config.api_key set, /v1/* and /metrics need `Authorization: Bearer KEY`
-  (401 otherwise); /health stays open. Bodies over config.max_body_bytes: 413;
+- With API keys set (config.api_key, config.api_keys), /v1/*, /admin/* and
+  /metrics need `Authorization: Bearer KEY` (401 otherwise); /health stays open.
+  Each key is a tenant with its own suffix cache and adapted heads
+  (tenants.py); config.share_cache shares one. POST /admin/cache/clear forgets
+  the caller's. Bodies over config.max_body_bytes: 413;
   a body not received within config.body_timeout_s: 408 (and the connection closes).
 - Error messages escape what they echo (a lone surrogate renders as \\ud800).
 - Backends are used under llm.backend_lock only (the engine thread holds it per
@@ -22,14 +25,13 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -45,6 +47,7 @@ from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
 from ..speculative.methods import get_method
 from .prom import RequestMetrics, ServerMetrics
+from .tenants import Tenants
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamError, Usage, _GenerationRequest,
                       api_error, chunk_body, printable, quoted, response_body, validation_error)
 
@@ -63,8 +66,17 @@ class ServerConfig:
     request_timeout_s: float = 300.0
     default_spec: SpecConfig | None = None
     body_timeout_s: float = 30.0
+    api_keys: tuple[str, ...] = ()  # more keys, one tenant each (api_key is one more)
+    share_cache: bool = False  # every tenant drafts from one suffix cache (a timing side channel)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every accepted API key."""
+        return tuple(dict.fromkeys(((self.api_key,) if self.api_key else ()) + tuple(self.api_keys)))
 
     def __post_init__(self) -> None:
+        if any(not isinstance(k, str) or not k.strip() or k != k.strip() for k in self.keys):
+            raise InvalidRequestError("API keys must be non-empty text without surrounding spaces")
         for name in ("max_tokens_limit", "max_concurrency", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1, got {getattr(self, name)!r}")
@@ -115,7 +127,8 @@ class ServerState:
             raise InvalidRequestError(f"the default method {self.spec.method} needs a draft model (--draft)")
         self.model_id = config.model_id or Path(llm.target.name).stem
         self.engine = Engine(llm, config.max_concurrency, config.max_queue)
-        self.metrics = ServerMetrics(lambda: self.engine.load, llm.speculator_state)
+        self.tenants = Tenants(config.keys, config.share_cache)
+        self.metrics = ServerMetrics(lambda: self.engine.load, llm.speculator_state, llm.suffix_cache_stats)
         self.created = int(time.time())
         self.closing = False
         self._accounting: set[asyncio.Task] = set()
@@ -135,13 +148,15 @@ class ServerState:
             raise APIError(404, f"The model {quoted(model)} does not exist: this server serves "
                            f"`{self.model_id}`", param="model", code="model_not_found")
 
-    def submit(self, req: _GenerationRequest) -> RequestHandle:
-        """Validate, tokenize and enqueue (blocking: run it in a worker thread)."""
+    def submit(self, req: _GenerationRequest, tenant: str | None = None) -> RequestHandle:
+        """Validate, tokenize and enqueue (blocking: run it in a worker thread);
+        the request drafts from `tenant`'s cache scope."""
         req.unsupported()
         limit, asked = self.config.max_tokens_limit, req.requested_max_tokens()
         if asked is not None and not 1 <= asked <= limit:
             raise ParamError(f"max_tokens must be in [1, {limit}], got {asked}", "max_tokens")
-        spec = req.spec(self.spec, has_draft=self.draft is not None)
+        spec = replace(req.spec(self.spec, has_draft=self.draft is not None),
+                       cache_scope=self.tenants.scope_of(tenant))
         req.sampling(1)  # validate the sampling fields before paying for tokenization
         ids, n_ctx, param = req.prompt_ids(self.llm), self.llm.target.n_ctx, req.prompt_param
         if len(ids) >= n_ctx:
@@ -162,7 +177,7 @@ class ServerState:
             raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
         self.check_model(req.model)
         try:
-            handle = await asyncio.to_thread(self.submit, req)
+            handle = await asyncio.to_thread(self.submit, req, tenant_of(request))
         except Exception as exc:
             raise api_error(exc) from exc
         chat = isinstance(req, ChatCompletionRequest)
@@ -213,6 +228,17 @@ class ServerState:
             yield _sse((self._timeout() if isinstance(exc, TimeoutError) else api_error(exc)).body)
         yield _sse("[DONE]")
 
+    def clear_cache(self, tenant: str | None) -> dict:
+        """Forget what speculation learnt for `tenant` (its suffix cache and adapted
+        heads; with share_cache, everyone's); returns what the cache held."""
+        scope = self.tenants.scope_of(tenant)
+        held = self.llm.suffix_cache_stats().get(scope, {})
+        self.llm.clear_suffix_cache(scope)
+        self.llm.clear_heads(scope)
+        return {"object": "cache.cleared", "scope": "shared" if scope is None else scope,
+                "suffix_cache": {"requests": held.get("cached_requests", 0),
+                                 "tokens": held.get("cached_tokens", 0)}}
+
     def account(self, handle: RequestHandle) -> None:
         """Add the request's result to the metrics once it has one (call once per request)."""
         if handle.done:
@@ -254,12 +280,14 @@ class _Gate:
         await (refusal or self.app)(scope, receive, send)
 
     def _refuse_auth(self, scope: Scope) -> Response | None:
-        key, path = self.state.config.api_key, scope["path"]
-        if not key or not (path.startswith("/v1/") or path == "/metrics"):
+        tenants, path = self.state.tenants, scope["path"]
+        if not tenants.guarded or not (path.startswith(("/v1/", "/admin/")) or path == "/metrics"):
             return None
         auth = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = auth.partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key.encode()):
+        tenant = tenants.tenant_of(token.strip()) if scheme.lower() == b"bearer" else None
+        if tenant is not None:
+            scope.setdefault("state", {})[_TENANT] = tenant
             return None
         message = "incorrect API key provided" if auth else "missing API key: send `Authorization: Bearer KEY`"
         return APIError(401, message, code="invalid_api_key").response({"WWW-Authenticate": "Bearer"})
@@ -293,6 +321,14 @@ class _Gate:
             return first.pop() if first else await receive()
 
         return replay, None
+
+
+_TENANT = "speclm_tenant"
+
+
+def tenant_of(request: Request) -> str | None:
+    """The tenant the gate admitted this request as (None: the server has no keys)."""
+    return request.scope.get("state", {}).get(_TENANT)
 
 
 async def _drain(receive: Receive, cap: int = 64 << 20) -> None:
@@ -351,6 +387,10 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     async def model(model: str) -> dict:
         state.check_model(model)
         return state.model_card()
+
+    @app.post("/admin/cache/clear")
+    async def clear_cache(request: Request) -> dict:
+        return await asyncio.to_thread(state.clear_cache, tenant_of(request))
 
     @app.get("/health")
     async def health() -> JSONResponse:

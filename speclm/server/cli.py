@@ -2,7 +2,9 @@
 
 Safe by default: binds 127.0.0.1 unless --host is given; the SPECLM_API_KEY
 environment variable (or --api-key, which every local user can read in `ps`)
-makes /v1/* and /metrics require `Authorization: Bearer KEY`. Slow clients are
+makes /v1/*, /admin/* and /metrics require `Authorization: Bearer KEY`. Several
+keys (comma-separated, or --api-key repeated) are several tenants, each with
+its own suffix cache unless --share-suffix-cache. Slow clients are
 bounded: a body must arrive within --body-timeout (408), idle keep-alive
 connections close after --keep-alive-timeout, and beyond --max-connections
 uvicorn answers 503. Ctrl-C / SIGTERM cancels in-flight requests (streams end
@@ -26,6 +28,7 @@ from ..api import LLM
 from ..errors import InvalidRequestError
 from ..cli_options import add_spec_options, draft_for, spec_from_args, speculator_config
 from .app import ServerConfig, create_app
+from .tenants import split_keys
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -42,9 +45,13 @@ def add_serve_parser(subparsers) -> None:
                    "(default: qwen2.5-coder-0.5b when the target is the default)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`; prefer setting "
-                   "SPECLM_API_KEY in the environment: a flag is visible to every local user in `ps` "
-                   "(default: $SPECLM_API_KEY, else none)")
+    s.add_argument("--api-key", action="append", default=None, help="require `Authorization: Bearer KEY`; "
+                   "repeat it for several tenants (each key drafts only from its own outputs); prefer "
+                   "SPECLM_API_KEY=KEY[,KEY...] in the environment: a flag is visible to every local user in "
+                   "`ps` (default: $SPECLM_API_KEY, else none)")
+    s.add_argument("--share-suffix-cache", action="store_true", help="let every API key draft from one "
+                   "suffix cache (faster for related tenants, but acceptance timing then leaks one "
+                   "tenant's outputs to another)")
     s.add_argument("--max-concurrency", type=int, default=4, help="requests generating at once")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond that (then 429)")
     s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens accepted")
@@ -84,7 +91,8 @@ def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
         config = ServerConfig(
             model_id=_model_id(args), max_tokens_limit=args.max_tokens_limit,
             max_concurrency=args.max_concurrency, max_queue=args.max_queue,
-            api_key=args.api_key or os.environ.get("SPECLM_API_KEY") or None,
+            api_keys=tuple(args.api_key or split_keys(os.environ.get("SPECLM_API_KEY"))),
+            share_cache=args.share_suffix_cache,
             max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout, default_spec=spec,
             body_timeout_s=args.body_timeout)
         app = create_app(llm, config)
@@ -137,7 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         llm, app = build_app(args)
         try:
-            if args.host not in _LOOPBACK and not app.state.speclm.config.api_key:
+            if args.host not in _LOOPBACK and not app.state.speclm.config.keys:
                 print(f"speclm: warning: serving on {args.host} without an API key: anyone who can reach "
                       "this port can use the model (SPECLM_API_KEY)", file=sys.stderr)
             Server(uvicorn_config(app, args)).run()

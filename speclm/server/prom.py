@@ -8,6 +8,10 @@ requests per method:
 
 The SSD speculator: speclm_speculator_up (1 alive, 0 lost) and
 speclm_speculator_restarts_total, once an ssd request has started one.
+
+The suffix caches, per scope (`scope`: a tenant id, or "shared"): cached
+tokens and requests, the bound, lookups, hits, evictions and the hit rate
+(hits / lookups; clearing a cache resets its counters).
 """
 
 from __future__ import annotations
@@ -51,14 +55,50 @@ class _SpeculatorCollector:
         return up, restarts
 
 
+class _SuffixCacheCollector:
+    """The suffix caches' sizes and hit counts, read at each scrape."""
+
+    def __init__(self, stats: Callable[[], dict[str | None, dict]]):
+        self.stats = stats
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
+        g, c, s = GaugeMetricFamily, CounterMetricFamily, ["scope"]
+        return {"cached_tokens": g("speclm_suffix_cache_tokens", "tokens held by the suffix cache", labels=s),
+                "max_tokens": g("speclm_suffix_cache_max_tokens", "the suffix cache's bound in tokens", labels=s),
+                "cached_requests": g("speclm_suffix_cache_requests", "earlier requests held by the suffix cache",
+                                     labels=s),
+                "lookups": c("speclm_suffix_cache_lookups", "drafting rounds that looked the cache up", labels=s),
+                "hits": c("speclm_suffix_cache_hits", "lookups that found a continuation", labels=s),
+                "evicted_requests": c("speclm_suffix_cache_evicted_requests", "requests evicted to keep the "
+                                      "bound", labels=s),
+                "hit_rate": g("speclm_suffix_cache_hit_rate", "hits / lookups since the cache was last cleared",
+                              labels=s)}
+
+    def describe(self):
+        return list(self._families().values())
+
+    def collect(self):
+        families = self._families()
+        for scope, st in sorted(self.stats().items(), key=lambda kv: kv[0] or ""):
+            label = ["shared" if scope is None else scope]
+            st = dict(st, hit_rate=st["hits"] / st["lookups"] if st["lookups"] else 0.0)
+            for name, family in families.items():
+                family.add_metric(label, float(st[name]))
+        return list(families.values())
+
+
 class ServerMetrics:
     """All metrics of one app. `load()` returns the engine's (running, queued);
-    `speculator()` the SSD speculator's state (LLM.speculator_state)."""
+    `speculator()` the SSD speculator's state (LLM.speculator_state);
+    `suffix_caches()` each scope's suffix cache stats (LLM.suffix_cache_stats)."""
 
     def __init__(self, load: Callable[[], tuple[int, int]],
-                 speculator: Callable[[], dict | None] = lambda: None):
+                 speculator: Callable[[], dict | None] = lambda: None,
+                 suffix_caches: Callable[[], dict[str | None, dict]] = dict):
         self.registry = r = CollectorRegistry()
         r.register(_SpeculatorCollector(speculator))
+        r.register(_SuffixCacheCollector(suffix_caches))
         self.requests = Counter("speclm_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=r)
         self.latency = Histogram("speclm_request_duration_seconds", "HTTP request latency "
