@@ -12,7 +12,7 @@ from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.metrics import RoundRecord
 from speclm.speculative.controller import (Calibration, match_group, CostModel, GoodputController, HeuristicController,
-                                           expected_emitted, expected_tokens)
+                                           expected_emitted, expected_tokens, smoothed_estimate)
 
 # Costs measured on this machine for the Qwen 1.5B target (ms to score b tokens).
 QWEN_VERIFY = {1: 32.0, 2: 57.0, 3: 76.0, 4: 95.0, 5: 123.0, 6: 150.0, 7: 180.0, 8: 219.0, 9: 234.0}
@@ -220,3 +220,31 @@ def test_calibration_keeps_long_matches_apart_from_short_ones():
     assert ctrl.calibration(1.0, match_group(1)) < 0.2
     ctrl.choose(16)
     assert ctrl.choose_prefix([1.0] * 8, match_len=16) == 8  # a long match still drafts a long block
+
+
+def test_a_continuation_seen_once_is_a_weak_prior():
+    """1 of 1 occurrences is not 9 of 9: smoothed count / (n + 1), the first
+    enters the calibration as 0.5 and does not pay for a block on its own; the
+    second still does. Thin evidence is calibrated in cells of its own."""
+    assert smoothed_estimate(1.0, 1) == 0.5 and smoothed_estimate(1.0, 9) == pytest.approx(0.9)
+    assert smoothed_estimate(0.5, 0) == 0.5
+    ctrl = per_position(ZEN4_VERIFY, probe_every=1000)
+    assert ctrl.choose_prefix([1.0] * 12, match_len=10, support=(1,) * 12) == 0
+    assert ctrl.choose_prefix([1.0] * 16, match_len=10, support=(40,) * 16) == 15
+    assert ctrl.choose_prefix([1.0] * 12, match_len=10) == 12  # no support given: the estimate stands
+
+
+def test_a_fully_accepted_probe_is_followed_by_a_longer_one():
+    """On copies that the prior doubts, probes double (1, 2, 4, ...) while they are
+    fully accepted, so speculation comes back within a few rounds."""
+    ctrl = per_position({b: 3.0 + 7 * b for b in range(1, 18)}, probe_every=4,
+                        calibration=Calibration(decay=1.0))
+    ks = []
+    for _ in range(60):
+        ctrl.choose(16)
+        k = ctrl.choose_prefix([1.0] * 16, match_len=20, support=(1,) * 16)
+        ks.append(k)
+        ctrl.observe(RoundRecord(proposed=k, accepted=k, draft_ms=0.0, verify_ms=3.0 + 7 * (k + 1),
+                                 other_ms=0.5))
+    assert ks[:4] == [0, 0, 0, 1] and ks[4] == 2
+    assert ks[-1] >= 8  # the calibration has learnt that these copies are accepted

@@ -21,7 +21,11 @@ E(m) / (v(m+1) + o), E(m) = 1 + Σ_{j≤m} Π_{i≤j} ĉ_i, where ĉ is the esti
 after a `Calibration` learnt online from every round's outcome. v(b) is the
 measured cost of every block size, so a cheap long block (v(16) < v(9) on
 llama.cpp) is found; K = 0 when no prefix pays, with a one-token probe every
-`probe_every` such rounds so that the calibration keeps learning.
+`probe_every` such rounds so that the calibration keeps learning (a fully
+accepted probe is followed at once by one twice as long). An estimate counted
+over few occurrences enters the calibration smoothed (count / (n + 1)): a
+continuation seen once is a weak prior, and gets calibration cells apart from
+one seen many times.
 """
 
 from __future__ import annotations
@@ -164,6 +168,13 @@ class Calibration:
             cell[2] = self.decay * cell[2] + float(accepted)
 
 
+def smoothed_estimate(c: float, support: int) -> float:
+    """A count-based estimate c = count / n, shrunk as if one more occurrence had
+    disagreed: count / (n + 1). A continuation seen once (1/1) enters the
+    calibration as 0.5, one seen in 9 of 9 as 0.9."""
+    return c * support / (support + 1) if support > 0 else c
+
+
 def expected_tokens(confidence: list[float]) -> list[float]:
     """E(m) for m = 0..n: 1 + Σ_{j≤m} Π_{i≤j} c_i (conditional acceptance c_i)."""
     out, prob = [1.0], 1.0
@@ -253,13 +264,19 @@ class GoodputController:
         gain = self.rate(best) / self.rate(0)
         return best, f"alpha={self.alpha:.2f} K={best} est {gain:.2f}x of K=0"
 
-    def choose_prefix(self, confidence: list[float], match_len: int | None = None) -> int:
+    def choose_prefix(self, confidence: list[float], match_len: int | None = None,
+                      support: tuple[int, ...] | None = None) -> int:
         """How many of the drafted tokens to verify: the m in 0..len(confidence)
         (≤ k_max) maximising E(m) / (v(m+1) + o) under the calibrated estimates
         (the draft is already paid for). match_len: the suffix match the draft
         continues (token j's estimate rests on a match of match_len + j tokens).
+        support: the occurrences each estimate was counted over; an estimate
+        enters the calibration smoothed (smoothed_estimate), so thin evidence
+        starts pessimistic and has cells of its own.
         Remembers the estimates for observe()."""
         conf = confidence[:self.k_max]
+        if support is not None:
+            conf = [smoothed_estimate(c, n) for c, n in zip(conf, support)]
         groups = [match_group(match_len + j if match_len else None) for j in range(len(conf))]
         cal = [self.calibration(c, g) for c, g in zip(conf, groups)]
         exp = expected_tokens(cal)
@@ -267,13 +284,16 @@ class GoodputController:
                  for m in range(len(exp))]
         best = max(range(len(rates)), key=rates.__getitem__)
         note = f"K={best} of {len(cal)} drafted: E={exp[best]:.2f} tokens, est {rates[best] / rates[0]:.2f}x of K=0"
+        self._probing = 0
         if best == 0 and cal:
             self.rounds_at_zero += 1
-            if self.rounds_at_zero >= self.probe_every:
-                self.rounds_at_zero, best = 0, 1
-                note = f"probe K=1 of {len(cal)} drafted (calibrated c1={cal[0]:.2f})"
+            if self.probe_k or self.rounds_at_zero >= self.probe_every:
+                self.rounds_at_zero, best = 0, min(len(cal), max(1, self.probe_k))
+                self._probing = best
+                note = f"probe K={best} of {len(cal)} drafted (calibrated c1={cal[0]:.2f})"
         elif best > 0:
             self.rounds_at_zero = 0
+            self.probe_k = 0
         self._predicted = list(zip(conf[:best], groups[:best]))
         self.prefix_note = note
         self.planned_expected = exp[best]

@@ -92,11 +92,13 @@ class SuffixConfig:
 
 @dataclass
 class Match:
-    """A source's best draft: the matched suffix length, tokens, confidences."""
+    """A source's best draft: the matched suffix length, tokens, confidences,
+    and each confidence's support (occurrences it was counted over)."""
 
     length: int = 0
     tokens: tuple[int, ...] = ()
     confidence: tuple[float, ...] = ()
+    support: tuple[int, ...] = ()
 
     @property
     def expected(self) -> float:
@@ -216,6 +218,7 @@ class SuffixIndex:
         toks, base, limit = self.tokens, self.base, len(self.tokens)
         out: list[int] = []
         conf: list[float] = []
+        support: list[int] = []
         pos = [g - base for g in positions]
         prob = 1.0
         while len(out) < budget and pos:
@@ -227,14 +230,16 @@ class SuffixIndex:
             if not counts:
                 break
             tok = max(counts, key=counts.__getitem__)
-            c = counts[tok] / sum(counts.values())
+            n = sum(counts.values())
+            c = counts[tok] / n
             prob *= c
             if prob < min_prob:
                 break
             out.append(tok)
             conf.append(c)
+            support.append(n)
             pos = [i + 1 for i, t in zip(pos, nxt) if t == tok]
-        return Match(0, tuple(out), tuple(conf))
+        return Match(0, tuple(out), tuple(conf), tuple(support))
 
     def draft(self, query: list[int], k: int, cfg: SuffixConfig, virtual: bool = False) -> Match:
         length, positions = self.find(query, cfg.max_depth, cfg.max_candidates)
@@ -373,7 +378,7 @@ class SuffixProposer(Proposer):
         d = Draft(list(best.tokens), [None] * len(best.tokens), list(best.confidence))
         kept = len(d)
         if self.controller is not None and d.tokens:
-            kept = self.controller.choose_prefix(d.confidence, best.length)
+            kept = self.controller.choose_prefix(d.confidence, best.length, best.support)
             d.truncate(kept)
         self.counts["drafted"] += len(best.tokens)
         self.counts["kept"] += kept
