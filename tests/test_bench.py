@@ -257,6 +257,10 @@ def test_toy_end_to_end_writes_every_file_and_interleaves(tmp_path):
     greedy = [r for r in requests if r["temperature"] == 0 and r["method"] != "ar"]
     assert greedy and all(r["identity"]["identical"] for r in greedy)  # the toy is batch-invariant
     assert len(summary["concurrency"]) == 2 * 2 * 5 and (tmp_path / "out" / "plots" / "concurrency.png").exists()
+    for c in summary["concurrency"]:  # 3 prompts: the first N arrive together, the rest one at a time
+        n = c["concurrency"]
+        assert (c["ttft_first_wave_ms"]["n"], c["ttft_steady_ms"]["n"], c["ttft_ms"]["n"]) == (n, 3 - n, 3)
+    assert "TTFT steady p50/p95/p99" in (tmp_path / "out" / "report.md").read_text()
     assert out["manifest"]["models"]["target"]["source"] == "in-memory"
     assert {v["category"] for v in summary["verdicts"]} == {"copy", "free", "all"}
     assert llm.target.live_sequences == 0

@@ -121,7 +121,7 @@ def test_missing_unknown_and_bad_names(cache: Path, capfd: pytest.CaptureFixture
         catalog.resolve_model(f"{SMOL}@q5_0")
     for call in (lambda: variants.prepare_variant(SMOL, "q3_x"), lambda: catalog.resolve_model(f"{SMOL}@q3_x")):
         with pytest.raises(ModelError, match=r"unknown quantisation type 'q3_x'; choose one of: q4_0, q4_1, "
-                                             r"q5_0, q5_1, q8_0, q4_k_m, q5_k_m, q6_k"):
+                                             r"q5_0, q5_1, q8_0, q4_k_m, q5_k_m, q6_k, iq4_nl"):
             call()
     with pytest.raises(ModelError, match="unknown model 'nope'"):
         variants.prepare_variant("nope", "q4_0")

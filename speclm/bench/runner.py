@@ -298,9 +298,13 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
 
 def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: BenchConfig, arms: list[Arm],
                     on_row: Callable[[dict], None] | None = None, meta: dict | None = None) -> list[dict]:
-    """For each N, T and method config: every prompt once, N in flight; throughput and
-    latency/TTFT distributions (latency = submit → last token). A starved row is flagged
-    (its "starved" says why), not re-run."""
+    """For each N, T and method config: every prompt once, N closed-loop clients
+    (each submits its next prompt when its last one finished); throughput and
+    latency/TTFT distributions (latency = submit → last token). TTFT is also split:
+    `ttft_first_wave_ms` over the first N requests, which all arrive at once (every
+    prompt prefills together), and `ttft_steady_ms` over the later ones, which
+    arrive one at a time while the others decode (only with more prompts than N).
+    A starved row is flagged (its "starved" says why), not re-run."""
     rows: list[dict] = []
     max_new = cfg.max_new_tokens[0]
     for temp in cfg.temperatures:
@@ -323,7 +327,9 @@ def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: Be
                        "max_new_tokens": max_new, "requests": len(results), "output_tokens": tokens,
                        "wall_ms": wall_ms, "throughput_tok_s": 1000.0 * tokens / wall_ms if wall_ms else 0.0,
                        "latency_ms": distribution([r.summary.wall_ms for r in results]),
-                       "ttft_ms": distribution([r.summary.ttft_ms for r in results if r.summary.ttft_ms is not None]),
+                       "ttft_ms": distribution([r.summary.ttft_ms for r in results]),
+                       "ttft_first_wave_ms": distribution([r.summary.ttft_ms for r in results[:n]]),
+                       "ttft_steady_ms": distribution([r.summary.ttft_ms for r in results[n:]]),
                        "peak_rss_mb": peak_rss_mb(), "target": results[0].target, "draft": results[0].draft,
                        "cpu_share": cpu_s * 1000 / wall_ms if wall_ms else None, "threads": threads,
                        "starved": starved(cpu_s, wall_ms / 1000, threads, cfg.trust.min_share, os.cpu_count() or 1),

@@ -54,6 +54,7 @@ QUANTS: dict[str, tuple[str, float]] = {
     "q4_k_m": ("LLAMA_FTYPE_MOSTLY_Q4_K_M", 4.9),
     "q5_k_m": ("LLAMA_FTYPE_MOSTLY_Q5_K_M", 5.7),
     "q6_k": ("LLAMA_FTYPE_MOSTLY_Q6_K", 6.6),
+    "iq4_nl": ("LLAMA_FTYPE_MOSTLY_IQ4_NL", 4.5),  # non-linear 4-bit levels in Q4_0-sized blocks; no imatrix needed
 }
 
 
