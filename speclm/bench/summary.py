@@ -84,9 +84,9 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
               f"margin {_f(d['ar_top2_margin'], '.4f')}" for d in divs]
     if summary["concurrency"]:
         conc_rows = [(str(c["concurrency"]), label(c, models), f"{c['temperature']:g}", _f(c["throughput_tok_s"], ".1f"),
-                      *(" / ".join(_f(c.get(key, {}).get(q), ".0f") for q in ("p50", "p95", "p99"))
+                      *(" / ".join(_f(c[key][q], ".0f") for q in ("p50", "p95", "p99"))
                         for key in ("latency_ms", "ttft_ms", "ttft_first_wave_ms", "ttft_steady_ms")),
-                      str(c.get("ttft_steady_ms", {}).get("n", 0))) for c in summary["concurrency"]]
+                      str(c["ttft_steady_ms"]["n"])) for c in summary["concurrency"]]
         parts += ["", "## Concurrency", "", "N closed-loop clients over every prompt. First wave: the first N "
                   "requests, arriving together; steady: the later ones, each arriving while the others decode.", "",
                   md_table(("N", "method", "T", "tok/s", "latency p50/p95/p99", "TTFT p50/p95/p99",

@@ -250,19 +250,24 @@ class GoodputController:
         if best == 0 and cap >= 1 and not self.could_pay(cap):
             self.probe_k = self._probing = 0
             return 0, f"K=0: no K pays even at alpha={OPTIMISTIC_ALPHA} with these costs"
-        if best == 0 and cap >= 1:
+        if k := self._probe(best, cap):
+            return k, f"probe K={k} (alpha={self.alpha:.2f})"
+        gain = self.rate(best) / self.rate(0)
+        return best, f"alpha={self.alpha:.2f} K={best} est {gain:.2f}x of K=0"
+
+    def _probe(self, best: int, cap: int) -> int:
+        """After choosing `best` of at most `cap`: the K of a probe due now (0: none).
+        Counts rounds at K = 0; a probe runs every probe_every of them, and at once
+        (twice as long) after a fully accepted one (probe_k, set by observe)."""
+        self._probing = 0
+        if best > 0:
+            self.rounds_at_zero = self.probe_k = 0
+        elif cap >= 1:
             self.rounds_at_zero += 1
             if self.probe_k or self.rounds_at_zero >= self.probe_every:
                 self.rounds_at_zero = 0
-                k = min(cap, max(1, self.probe_k))
-                self._probing = k
-                return k, f"probe K={k} (alpha={self.alpha:.2f})"
-        elif best > 0:
-            self.rounds_at_zero = 0
-            self.probe_k = 0
-        self._probing = 0
-        gain = self.rate(best) / self.rate(0)
-        return best, f"alpha={self.alpha:.2f} K={best} est {gain:.2f}x of K=0"
+                self._probing = min(cap, max(1, self.probe_k))
+        return self._probing
 
     def choose_prefix(self, confidence: list[float], match_len: int | None = None,
                       support: tuple[int, ...] | None = None) -> int:
@@ -284,16 +289,8 @@ class GoodputController:
                  for m in range(len(exp))]
         best = max(range(len(rates)), key=rates.__getitem__)
         note = f"K={best} of {len(cal)} drafted: E={exp[best]:.2f} tokens, est {rates[best] / rates[0]:.2f}x of K=0"
-        self._probing = 0
-        if best == 0 and cal:
-            self.rounds_at_zero += 1
-            if self.probe_k or self.rounds_at_zero >= self.probe_every:
-                self.rounds_at_zero, best = 0, min(len(cal), max(1, self.probe_k))
-                self._probing = best
-                note = f"probe K={best} of {len(cal)} drafted (calibrated c1={cal[0]:.2f})"
-        elif best > 0:
-            self.rounds_at_zero = 0
-            self.probe_k = 0
+        if probe := self._probe(best, len(cal)):
+            best, note = probe, f"probe K={probe} of {len(cal)} drafted (calibrated c1={cal[0]:.2f})"
         self._predicted = list(zip(conf[:best], groups[:best]))
         self.prefix_note = note
         self.planned_expected = exp[best]
