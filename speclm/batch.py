@@ -10,9 +10,11 @@ on a backend whose k-row forward equals k one-row forwards (the toy backend)
 batched output equals unbatched output exactly.
 
 Speculation knows the batch: before a request plans, its controller is told
-how many tokens the requests planned before it put in the same forward and how
-many tokens they are expected to emit (`share_step`), so its K maximises the
-whole step's goodput (K falls to 0 once the forward is compute-bound).
+the blocks the other requests put in the same forward and how many tokens they
+are expected to emit (`share_step`), so its K maximises the whole step's
+goodput: K falls to 0 once the forward is compute-bound, or when a block longer
+than the others would cost a pass of its own (llama.cpp with one KV stream per
+sequence runs unequal blocks in several passes; `Backend.pass_rows`).
 Prefill is chunked (`prefill_chunk` tokens a step, shared by the prefilling
 requests) while others decode, so one long prompt cannot stall them.
 """
@@ -49,20 +51,32 @@ def _expected(gen: Generation, d: Draft) -> float:
 def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFILL_CHUNK) -> list[Slot]:
     """Each request's part of the next forward (decoding requests first, then prefill
     chunks), at most `capacity` tokens in all. A request whose plan fails or which
-    finished without a forward (context full) gets a slot with no tokens."""
-    slots, shared, expected, prefilling = [], 0, 0.0, []
+    finished without a forward (context full) gets a slot with no tokens.
+
+    A decoding request plans knowing the rest of the step (`share_step`): the blocks
+    planned before it, one token for each request still to plan, and the prefill
+    chunks, so its K pays for the passes it adds to everyone's forward."""
+    slots, decoding, prefilling = [], [], []
     for gen in gens:
         try:
             if gen.seq is None:
                 gen.begin()
-            if gen.prefill_left:
-                prefilling.append(gen)
-                continue
+        except Exception as exc:  # noqa: BLE001  (the request fails, the step goes on)
+            slots.append(Slot(gen, [], error=exc))
+            continue
+        (prefilling if gen.prefill_left else decoding).append(gen)
+    chunks = _prefill_chunks(prefilling, capacity, len(decoding), prefill_chunk)
+    planned, expected = {}, 0.0
+    for i, gen in enumerate(decoding):
+        try:
             share = getattr(gen.controller, "share_step", None)
             if share is not None:
-                share(shared, expected)
+                rest = decoding[i + 1:]
+                others = {**planned, **{g.seq: 1 for g in rest},
+                          **{g.seq: len(c) for g, c in zip(prefilling, chunks) if c}}
+                share(others, expected + len(rest), gen.seq)
             d = gen.plan()
-        except Exception as exc:  # noqa: BLE001  (the request fails, the step goes on)
+        except Exception as exc:  # noqa: BLE001
             slots.append(Slot(gen, [], error=exc))
             continue
         if d is None:
@@ -70,17 +84,26 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
             continue
         block = [gen.context[-1], *d.tokens]
         slots.append(Slot(gen, block, d))
-        shared += len(block)
+        planned[gen.seq] = len(block)
         expected += _expected(gen, d)
-    budget = capacity - shared if shared else capacity  # alone, a prompt prefills in one go
-    budget = min(budget, prefill_chunk) if shared else budget
+    for gen, chunk in zip(prefilling, _prefill_chunks(prefilling, capacity, sum(planned.values()), prefill_chunk)):
+        if chunk:
+            slots.append(Slot(gen, chunk))
+    return slots
+
+
+def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, prefill_chunk: int) -> list[list[int]]:
+    """The prompt tokens each prefilling request puts in a step beside `shared`
+    decoding tokens: alone a prompt prefills in one go; otherwise the requests
+    share `prefill_chunk` tokens (and what the capacity leaves)."""
+    budget = min(capacity - shared, prefill_chunk) if shared else capacity
+    chunks = []
     for i, gen in enumerate(prefilling):
         share = max(1, budget // (len(prefilling) - i))
         chunk = gen.prefill_left[:share]
         budget -= len(chunk)
-        if chunk and budget >= 0:
-            slots.append(Slot(gen, chunk))
-    return slots
+        chunks.append(chunk if chunk and budget >= 0 else [])
+    return chunks
 
 
 def run_step(target: Backend, slots: list[Slot]) -> None:
@@ -98,13 +121,13 @@ def run_step(target: Backend, slots: list[Slot]) -> None:
             s.error = exc
         return
     ms = (time.perf_counter() - t0) * 1000
-    total = sum(len(s.tokens) for s in work)
+    passes = target.pass_rows({s.gen.seq: len(s.tokens) for s in work})
     for s, logits in zip(work, rows):
         try:
             if s.draft is None:
                 s.gen.prefilled(len(s.tokens))
             else:
                 p = distributions(logits, s.gen.params)
-                s.finished = s.gen.complete(p, verify_ms=ms, batch_tokens=None if alone else total)
+                s.finished = s.gen.complete(p, verify_ms=ms, batch_passes=None if alone else passes)
         except Exception as exc:  # noqa: BLE001
             s.error = exc

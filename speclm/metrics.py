@@ -37,6 +37,7 @@ class RoundRecord:
     # delivered: cut by EOS (the EOS token counts here), a stop string or the length
     discarded: int = 0
     batch_tokens: int | None = None  # tokens of the whole forward when other requests shared it
+    batch_passes: list[int] | None = None  # rows of each pass the backend split that forward into
 
     @property
     def emitted(self) -> int:

@@ -167,8 +167,29 @@ def test_the_controller_stops_speculating_when_the_shared_forward_is_compute_bou
     cost = CostModel(verify_ms={1: 30.0, 2: 34.0, 4: 40.0, 8: 55.0, 16: 480.0, 24: 720.0, 32: 960.0})
     ctl = GoodputController(cost, k_max=7, alpha_prior=0.9, prior_weight=100)
     assert ctl.choose(7)[0] > 0
-    ctl.share_step(16, 16.0)
+    ctl.share_step({seq: 1 for seq in range(16)}, 16.0, seq=16)
     assert ctl.choose(7)[0] == 0
+
+
+def test_a_block_longer_than_the_others_is_priced_as_a_pass_of_its_own():
+    """Beside 15 one-token blocks a 4-token block costs v(16) + v(3) where llama.cpp
+    splits the forward by sequence, not v(19): a K that pays in one pass does not
+    pay when it adds a pass."""
+    from speclm.speculative.controller import CostModel
+    curve = {1: 60.0, 2: 100.0, 3: 130.0, 4: 160.0, 8: 380.0, 16: 497.0, 20: 560.0}
+
+    def k_beside(passes):
+        ctl = GoodputController(CostModel(verify_ms=dict(curve), passes=passes), k_max=3,
+                                alpha_prior=0.9, prior_weight=100)
+        ctl.share_step({seq: 1 for seq in range(15)}, 15.0, seq=15)
+        return ctl.choose(3)[0]
+
+    def split(blocks):  # what llama.cpp does with one KV stream per sequence
+        longest = max(blocks.values())
+        return [len(blocks)] + ([longest - 1] if longest > 1 else [])
+
+    assert k_beside(None) == 3  # one pass: 19 rows cost little more than 16
+    assert k_beside(split) == 0
 
 
 def test_real_model_greedy_batched_matches_solo_within_batch_numerics():

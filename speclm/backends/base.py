@@ -98,6 +98,13 @@ class Backend(ABC):
         return [self.score(seq, tokens) if full else self.prefill(seq, tokens)[None, :]
                 for (seq, tokens), full in zip(items, every)]
 
+    def pass_rows(self, blocks: dict[int, int]) -> list[int]:
+        """Rows of each pass the backend makes over one `score_batch` forward that
+        scores blocks[seq] tokens of each sequence (the cost model prices a shared
+        step as the sum of its passes). Default: one pass over every row."""
+        total = sum(blocks.values())
+        return [total] if total else []
+
     # ---- hidden states (optional: proposers that draft from the target's own state)
     def enable_hidden(self) -> int:
         """Keep hidden states from now on; returns their size. InvalidRequestError

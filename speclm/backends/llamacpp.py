@@ -8,6 +8,7 @@ submits one batch with logits requested for every position; rollback is
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
 from collections import deque
@@ -121,7 +122,8 @@ class LlamaCppBackend(Backend):
         # 479-649 ms unified, 8x1 331-358 vs 414-468 (two interleaved runs).
         cparams.n_ctx = self.n_ctx * n_seq_max
         cparams.n_batch = self.n_ctx
-        cparams.n_ubatch = min(512, self.n_ctx)
+        self.n_ubatch = min(512, self.n_ctx)
+        cparams.n_ubatch = self.n_ubatch
         cparams.n_seq_max = n_seq_max
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
@@ -137,7 +139,9 @@ class LlamaCppBackend(Backend):
         self._embeddings_on = False  # llama.cpp then makes every row an output (enable_hidden)
         self._batch = L.llama_batch_init(self.n_ctx, 0, 1)
         self.max_sequences = n_seq_max
-        self._free_ids = list(range(n_seq_max))
+        self._free_ids = list(range(n_seq_max))  # KV streams (llama.cpp sequence ids) not in use
+        self._stream: dict[int, int] = {}  # our sequence handle -> its KV stream
+        self._handles = itertools.count()
         self._held: dict[int, list[int]] = {}
         self._pieces: dict[int, bytes] = {}
         bos = int(L.llama_vocab_bos(self._vocab))
@@ -190,9 +194,11 @@ class LlamaCppBackend(Backend):
     def new_sequence(self) -> int:
         if not self._free_ids:
             raise BackendError(f"all {len(self._held)} KV sequences of {self.path.name} are in use")
-        sid = self._free_ids.pop(0)
-        L.llama_memory_seq_rm(self._mem, sid, 0, -1)
-        self._held[sid] = []
+        stream = min(self._free_ids)  # the lowest: live streams stay one run of ids (pass_rows)
+        self._free_ids.remove(stream)
+        L.llama_memory_seq_rm(self._mem, stream, 0, -1)
+        sid = next(self._handles)
+        self._stream[sid], self._held[sid] = stream, []
         return sid
 
     def score(self, seq: int, tokens: list[int]) -> np.ndarray:
@@ -239,12 +245,12 @@ class LlamaCppBackend(Backend):
             b.token[i] = tok
             b.pos[i] = start + i
             b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
+            b.seq_id[i][0] = self._stream[seq]
             b.logits[i] = 1 if (all_logits or i == n - 1) else 0
         b.n_tokens = n
         rc = _decode(self._ctx, b)
         if rc != 0:
-            L.llama_memory_seq_rm(self._mem, seq, start, -1)
+            L.llama_memory_seq_rm(self._mem, self._stream[seq], start, -1)
             raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}: "
                                f"{_last_error()}")
         held.extend(int(t) for t in tokens)
@@ -266,8 +272,10 @@ class LlamaCppBackend(Backend):
         if total == 0 or total > self.n_ctx or len(items) == 1 or self._hidden_rows is not None:
             # (hidden states on: llama.cpp would run the output head over every prefill row)
             return super().score_batch(items, all_logits)
+        # in sequence order: llama.cpp puts only consecutive, increasing ids in one pass (pass_rows)
+        order = sorted(range(len(items)), key=lambda k: self._stream[items[k][0]])
         b, i, rows = self._batch, 0, []
-        for (seq, tokens), full in zip(items, every):
+        for seq, tokens, full in ((*items[k], every[k]) for k in order):
             held = self._held[seq]
             if len(held) + len(tokens) > self.n_ctx:
                 raise InvalidRequestError(f"sequence would hold {len(held) + len(tokens)} tokens; "
@@ -276,7 +284,7 @@ class LlamaCppBackend(Backend):
                 b.token[i] = tok
                 b.pos[i] = len(held) + j
                 b.n_seq_id[i] = 1
-                b.seq_id[i][0] = seq
+                b.seq_id[i][0] = self._stream[seq]
                 b.logits[i] = 1 if full or j == len(tokens) - 1 else 0
                 i += 1
             rows.append(len(tokens) if full else 1)
@@ -284,15 +292,41 @@ class LlamaCppBackend(Backend):
         rc = _decode(self._ctx, b)
         if rc != 0:
             for seq, _ in items:
-                L.llama_memory_seq_rm(self._mem, seq, len(self._held[seq]), -1)
+                L.llama_memory_seq_rm(self._mem, self._stream[seq], len(self._held[seq]), -1)
             raise BackendError(f"llama_decode failed with code {rc} on a batch of {total} tokens: {_last_error()}")
         logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(sum(rows), self.vocab_size))
-        out, i = [], 0
-        for (seq, tokens), n in zip(items, rows):
+        out, i = [None] * len(items), 0
+        for k, n in zip(order, rows):
+            seq, tokens = items[k]
             self._held[seq].extend(int(t) for t in tokens)
-            out.append(logits[i:i + n].copy())
+            out[k] = logits[i:i + n].copy()
             i += n
         return out
+
+    def pass_rows(self, blocks: dict[int, int]) -> list[int]:
+        """With one KV stream per sequence llama.cpp splits a forward into passes
+        (split_equal, sequential): a pass takes the lowest stream still holding
+        tokens and the run of consecutive stream ids after it, and the same number
+        of tokens from each (at most n_ubatch rows). So a block longer than the
+        others costs passes of its own (15 one-token blocks and one of 5: a 16-row
+        pass, then a 4-row one); a gap in the ids would too, but new_sequence and
+        free keep the live streams one run."""
+        if self.max_sequences == 1:
+            return super().pass_rows(blocks)
+        # a handle not live (yet): a stream of its own
+        streams = {self._stream.get(h, -2 * (i + 1)): n for i, (h, n) in enumerate(blocks.items())}
+        left, rows = {s: n for s, n in sorted(streams.items()) if n > 0}, []
+        while left:
+            run = [next(iter(left))]
+            while run[-1] + 1 in left:
+                run.append(run[-1] + 1)
+            per_seq = min(min(left[s] for s in run), max(1, self.n_ubatch // len(run)))
+            rows.append(per_seq * len(run))
+            for s in run:
+                left[s] -= per_seq
+                if not left[s]:
+                    del left[s]
+        return rows
 
     def use_threads(self, n_threads: int | None) -> None:
         n = n_threads or self.n_threads
@@ -303,12 +337,12 @@ class LlamaCppBackend(Backend):
     def rollback(self, seq: int, n_tokens: int) -> None:
         held = self._held[seq]
         if n_tokens < len(held):
-            L.llama_memory_seq_rm(self._mem, seq, n_tokens, -1)
+            L.llama_memory_seq_rm(self._mem, self._stream[seq], n_tokens, -1)
             del held[n_tokens:]
 
     def fork(self, seq: int) -> int:
         sid = self.new_sequence()
-        L.llama_memory_seq_cp(self._mem, seq, sid, -1, -1)
+        L.llama_memory_seq_cp(self._mem, self._stream[seq], self._stream[sid], -1, -1)
         self._held[sid] = list(self._held[seq])
         return sid
 
@@ -316,9 +350,18 @@ class LlamaCppBackend(Backend):
         if self._hidden_rows is not None:
             self._hidden_rows.pop(seq, None)
         if seq in self._held:
-            L.llama_memory_seq_rm(self._mem, seq, 0, -1)
+            stream = self._stream.pop(seq)
+            L.llama_memory_seq_rm(self._mem, stream, 0, -1)
             del self._held[seq]
-            self._free_ids.append(seq)
+            last = max(self._stream, key=self._stream.get, default=None)
+            if last is not None and self._stream[last] > stream:
+                # Close the gap: the highest stream moves into the freed one (a whole-stream
+                # copy, done at the next llama_decode), so live streams stay one run of ids.
+                top, self._stream[last] = self._stream[last], stream
+                L.llama_memory_seq_cp(self._mem, top, stream, -1, -1)
+                L.llama_memory_seq_rm(self._mem, top, 0, -1)
+                stream = top
+            self._free_ids.append(stream)
 
     def tokens(self, seq: int) -> list[int]:
         return list(self._held[seq])

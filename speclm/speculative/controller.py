@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..backends.base import Backend
@@ -43,14 +44,17 @@ from ..metrics import RoundRecord
 class CostModel:
     """Measured costs of one (target, proposer) pair, shared by all requests.
 
-    verify_ms[b]: EWMA of the ms to score a block of b tokens (b = K + 1).
+    verify_ms[b]: EWMA of the ms of one forward pass over b rows (b = K + 1 alone).
     Unmeasured sizes are extrapolated linearly from the nearest measured ones.
+    A forward shared by several requests costs the sum of the passes the backend
+    splits it into (`passes`, the target's `Backend.pass_rows`).
     """
 
     verify_ms: dict[int, float] = field(default_factory=dict)
     draft_ms_per_token: float = 0.0
     other_ms: float = 0.5
     weight: float = 0.2  # EWMA weight of a new observation
+    passes: Callable[[dict[int, int]], list[int]] | None = None  # None: one pass over every row
 
     def verify(self, block: int) -> float:
         if block in self.verify_ms:
@@ -70,24 +74,31 @@ class CostModel:
         slope = (self.verify_ms[b] - self.verify_ms[a]) / (b - a)
         return max(1e-3, self.verify_ms[b if lower else a] + slope * (block - (b if lower else a)))
 
+    def step(self, blocks: dict[int, int]) -> float:
+        """ms of one forward scoring blocks[seq] tokens of each sequence."""
+        rows = self.passes(blocks) if self.passes else [sum(blocks.values())]
+        return sum(self.verify(r) for r in rows)
+
     def observe(self, rec: RoundRecord) -> None:
-        block = rec.batch_tokens or rec.proposed + 1  # the forward's size: shared by a batch, or ours
-        old = self.verify_ms.get(block)
-        self.verify_ms[block] = rec.verify_ms if old is None else old + self.weight * (rec.verify_ms - old)
+        rows = rec.batch_passes or [rec.proposed + 1]
+        if len(rows) == 1:  # a forward of several passes does not say what each cost
+            old = self.verify_ms.get(rows[0])
+            self.verify_ms[rows[0]] = rec.verify_ms if old is None else old + self.weight * (rec.verify_ms - old)
         if rec.proposed:
             per_token = rec.draft_ms / rec.proposed
             self.draft_ms_per_token += self.weight * (per_token - self.draft_ms_per_token)
         self.other_ms += self.weight * (rec.other_ms - self.other_ms)
 
-    def round_ms(self, k: int, shared: int = 0) -> float:
-        """ms of a round drafting k, when `shared` tokens of other requests ride in the same forward."""
-        return self.draft_ms_per_token * k + self.verify(shared + k + 1) + self.other_ms
+    def round_ms(self, k: int, others: dict[int, int] | None = None, seq: int = -1) -> float:
+        """ms of a round of sequence `seq` drafting k, when other sequences' blocks
+        (`others`) ride in the same forward."""
+        return self.draft_ms_per_token * k + self.step({**(others or {}), seq: k + 1}) + self.other_ms
 
 
 def calibrate(target: Backend, draft: Backend | None, max_block: int, repeats: int = 2) -> CostModel:
     """Seed a CostModel by timing blocks of 1..max_block tokens on the target
     (and single steps on the draft), on a scratch sequence."""
-    cost = CostModel()
+    cost = CostModel(passes=target.pass_rows)
     filler = [1] * 64
     times: dict[int, list[float]] = {b: [] for b in range(1, max_block + 1)}
     seq = target.new_sequence()
@@ -193,7 +204,8 @@ class GoodputController:
         self.cost, self.k_max = cost, k_max
         self.calibration = calibration if calibration is not None else Calibration()
         self.per_position = per_position  # True: drafts carry estimates, choose_prefix() cuts them
-        self.shared_tokens, self.shared_expected = 0, 0.0  # other requests in the same forward (share_step)
+        self.shared_blocks: dict[int, int] = {}  # other sequences' blocks in the same forward (share_step)
+        self.shared_expected, self.seq = 0.0, -1
         self.planned_expected = 1.0  # E[tokens] of the round last planned (for the step's other requests)
         self._predicted: list[tuple[float, int]] = []  # (raw estimate, group) of the positions verified
         self.prefix_note: str | None = None
@@ -208,16 +220,17 @@ class GoodputController:
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def share_step(self, tokens: int, expected: float) -> None:
-        """The next round's forward also carries `tokens` tokens of other requests,
-        expected to emit `expected` tokens (a batching engine says so before each
-        plan; 0, 0 alone). K is then chosen for the goodput of the whole step:
-        (expected + E(K)) / v(tokens + K + 1), so it falls to 0 once the batch is
-        compute-bound and a longer block would slow everyone more than it adds."""
-        self.shared_tokens, self.shared_expected = tokens, expected
+    def share_step(self, blocks: dict[int, int], expected: float, seq: int) -> None:
+        """The next round's forward, on sequence `seq`, also carries other sequences'
+        blocks (blocks[seq'] tokens), expected to emit `expected` tokens (a batching
+        engine says so before each plan; {}, 0 alone). K is then chosen for the
+        goodput of the whole step: (expected + E(K)) / step(blocks + {seq: K + 1}),
+        so it falls to 0 once the batch is compute-bound, or when a block longer
+        than the others would cost a pass of its own that its tokens do not pay for."""
+        self.shared_blocks, self.shared_expected, self.seq = dict(blocks), expected, seq
 
     def _step_rate(self, emitted: float, k: int) -> float:
-        return (self.shared_expected + emitted) / self.cost.round_ms(k, self.shared_tokens)
+        return (self.shared_expected + emitted) / self.cost.round_ms(k, self.shared_blocks, self.seq)
 
     def rate(self, k: int) -> float:
         """Expected emitted tokens per ms of the step when drafting k."""
@@ -258,13 +271,16 @@ class GoodputController:
     def _probe(self, best: int, cap: int) -> int:
         """After choosing `best` of at most `cap`: the K of a probe due now (0: none).
         Counts rounds at K = 0; a probe runs every probe_every of them, and at once
-        (twice as long) after a fully accepted one (probe_k, set by observe)."""
+        (twice as long) after a fully accepted one (probe_k, set by observe).
+        In a shared forward a probe costs a pass of its own, so with n sequences
+        in the step each probes every n · probe_every rounds: the step as a whole
+        still pays for about one probe every probe_every steps."""
         self._probing = 0
         if best > 0:
             self.rounds_at_zero = self.probe_k = 0
         elif cap >= 1:
             self.rounds_at_zero += 1
-            if self.probe_k or self.rounds_at_zero >= self.probe_every:
+            if self.probe_k or self.rounds_at_zero >= self.probe_every * (1 + len(self.shared_blocks)):
                 self.rounds_at_zero = 0
                 self._probing = min(cap, max(1, self.probe_k))
         return self._probing
@@ -285,7 +301,7 @@ class GoodputController:
         groups = [match_group(match_len + j if match_len else None) for j in range(len(conf))]
         cal = [self.calibration(c, g) for c, g in zip(conf, groups)]
         exp = expected_tokens(cal)
-        rates = [(self.shared_expected + exp[m]) / (self.cost.verify(self.shared_tokens + m + 1) + self.cost.other_ms)
+        rates = [(self.shared_expected + exp[m]) / (self.cost.step({**self.shared_blocks, self.seq: m + 1}) + self.cost.other_ms)
                  for m in range(len(exp))]
         best = max(range(len(rates)), key=rates.__getitem__)
         note = f"K={best} of {len(cal)} drafted: E={exp[best]:.2f} tokens, est {rates[best] / rates[0]:.2f}x of K=0"

@@ -204,10 +204,10 @@ class Generation:
         p = score(self.target, self.seq, self.context[-1], d, self.params)
         return self.complete(p, verify_ms=(time.perf_counter() - t1) * 1000)
 
-    def complete(self, p: list[np.ndarray], verify_ms: float, batch_tokens: int | None = None) -> bool:
+    def complete(self, p: list[np.ndarray], verify_ms: float, batch_passes: list[int] | None = None) -> bool:
         """Stages 3–5 of the planned round from its scored distributions p_1..p_{K+1};
-        True once the generation has finished. batch_tokens: the tokens of the whole
-        forward when other requests shared it (verify_ms is that forward's time)."""
+        True once the generation has finished. batch_passes: the rows of each pass of
+        the whole forward when other requests shared it (verify_ms is its time)."""
         d, note, info, draft_ms = self._round
         t2 = time.perf_counter()
         a = accept(d, p, self.params, self.rng)
@@ -227,7 +227,8 @@ class Generation:
             self.ttft_ms = (t3 - self.t_start) * 1000
         record = RoundRecord(proposed=len(d), accepted=min(a, delivered), discarded=a + 1 - delivered,
                              draft_ms=draft_ms, verify_ms=verify_ms, other_ms=(t3 - t2) * 1000, note=note,
-                             info=info, batch_tokens=batch_tokens)
+                             info=info, batch_tokens=sum(batch_passes) if batch_passes else None,
+                             batch_passes=batch_passes)
         self.rounds.append(record)
         if self.controller:
             self.controller.observe(record)
