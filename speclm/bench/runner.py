@@ -27,7 +27,6 @@ The LLM must hold at least N sequences (LLM(max_sequences=N)).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -222,10 +221,9 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     encoded = encode_prompts(llm, prompts, max(cfg.max_new_tokens))
     warmup(arms, encoded[0])
     policy = cfg.trust
-    # after the warm-up, right before the timed requests; once per config (a sweep's later
-    # targets take one reading)
-    waited = any(w["max_wait_s"] > 0 for w in cfg.observed.waits)
-    wait = wait_for_quiet(dataclasses.replace(policy, wait_quiet_s=0.0) if waited else policy, cores)
+    # after the warm-up, right before the timed requests; a sweep's later targets wait too,
+    # since the load the previous target's own threads left behind would read as "busy"
+    wait = wait_for_quiet(policy, cores)
     cfg.observed.waits.append(wait)
     if wait["max_wait_s"] > 0 and wait["quiet"]:
         # busy at start (often this bench's own model loading, or a run just stopped), quiet before timing
