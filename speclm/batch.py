@@ -15,8 +15,9 @@ are expected to emit (`share_step`), so its K maximises the whole step's
 goodput: K falls to 0 once the forward is compute-bound, or when a block longer
 than the others would cost a pass of its own (llama.cpp with one KV stream per
 sequence runs unequal blocks in several passes; `Backend.pass_rows`).
-Prefill is chunked (`prefill_chunk` tokens a step, shared by the prefilling
-requests) while others decode, so one long prompt cannot stall them.
+Prefill is chunked (`prefill_chunk` tokens a step, given to the prefilling
+requests first come first served) while others decode, so one long prompt
+cannot stall them.
 """
 
 from __future__ import annotations
@@ -94,15 +95,17 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
 
 def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, prefill_chunk: int) -> list[list[int]]:
     """The prompt tokens each prefilling request puts in a step beside `shared`
-    decoding tokens: alone a prompt prefills in one go; otherwise the requests
-    share `prefill_chunk` tokens (and what the capacity leaves)."""
+    decoding tokens: `prefill_chunk` tokens a step (and what the capacity leaves;
+    with nothing decoding, the capacity), first come first served. Prompts that
+    arrive together then get their first tokens one after another, not all at
+    the end of the whole wave's prefill (which an even split would cost every one
+    of them; the compute is the same)."""
     budget = min(capacity - shared, prefill_chunk) if shared else capacity
     chunks = []
-    for i, gen in enumerate(prefilling):
-        share = max(1, budget // (len(prefilling) - i))
-        chunk = gen.prefill_left[:share]
+    for gen in prefilling:
+        chunk = gen.prefill_left[:max(0, budget)]
         budget -= len(chunk)
-        chunks.append(chunk if chunk and budget >= 0 else [])
+        chunks.append(chunk)
     return chunks
 
 

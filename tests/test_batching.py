@@ -206,3 +206,19 @@ def test_real_model_greedy_batched_matches_solo_within_batch_numerics():
         report = compare_greedy(llm.target, ids, ar, res.token_ids)
         assert report.identical or report.ar_top2_margin < 1.0, report.describe()
     llm.close()
+
+
+def test_prompts_arriving_together_prefill_first_come_first_served():
+    """A step's prefill budget goes to the earliest arrival first: of three 300-token
+    prompts arriving at once, the first prefills whole in the first step and decodes
+    while the later ones prefill, instead of all three waiting for the whole wave."""
+    from speclm.batch import plan_step, run_step
+    llm = toy_llm()
+    prompt = [1, 2, 3, 4, 5] * 60
+    gens = [llm.start(prompt, SamplingParams(max_new_tokens=4), SpecConfig(method="ar")) for _ in range(3)]
+    first = plan_step(gens, capacity=512, prefill_chunk=64)
+    assert [len(s.tokens) for s in first] == [299, 512 - 299]  # nothing decodes yet: the capacity, in order
+    run_step(llm.target, first)
+    second = plan_step(gens, capacity=512, prefill_chunk=64)
+    assert [(s.gen, len(s.tokens), s.draft is not None) for s in second] == [
+        (gens[0], 1, True), (gens[1], 64, False)]  # A decodes; B takes the step's chunk; C waits its turn
