@@ -45,7 +45,14 @@ def test_expected_emitted_matches_the_closed_form():
 def test_cost_model_interpolates_and_extrapolates():
     cost = CostModel(verify_ms={1: 10.0, 3: 30.0, 5: 40.0})
     assert cost.verify(2) == pytest.approx(20.0)
-    assert cost.verify(7) == pytest.approx(50.0)
+    assert cost.verify(7) == pytest.approx(40.0 * 7 / 5)  # beyond the curve: the top block's cost per row
+
+
+def test_a_noisy_top_of_the_curve_does_not_misprice_a_prefill_chunk():
+    """Calibrated to 17 rows on this Zen 3 (v(16) = 384, v(17) = 450 ms), a 255-row
+    forward is priced near its measured 6.9 s, not at the last slope's 16.5 s."""
+    cost = CostModel(verify_ms={1: 47.0, 8: 283.0, 16: 384.0, 17: 450.0})
+    assert 5000 < cost.verify(255) < 8000
 
 
 def test_speculates_where_it_pays():

@@ -45,7 +45,8 @@ class CostModel:
     """Measured costs of one (target, proposer) pair, shared by all requests.
 
     verify_ms[b]: EWMA of the ms of one forward pass over b rows (b = K + 1 alone).
-    Unmeasured sizes are extrapolated linearly from the nearest measured ones.
+    Unmeasured sizes are interpolated linearly between the nearest measured ones;
+    beyond the largest, in proportion to it.
     A forward shared by several requests costs the sum of the passes the backend
     splits it into (`passes`, the target's `Backend.pass_rows`).
     """
@@ -68,11 +69,17 @@ class CostModel:
             a, b = lower[-1], upper[0]
             t = (block - a) / (b - a)
             return self.verify_ms[a] * (1 - t) + self.verify_ms[b] * t
-        if len(sizes) == 1:
-            return self.verify_ms[sizes[0]] * block / sizes[0]
-        a, b = (sizes[-2], sizes[-1]) if lower else (sizes[0], sizes[1])
+        if lower or len(sizes) == 1:
+            # Beyond the curve a row costs what the largest block's rows cost on average (the
+            # forward is compute-bound there). The slope of the last two points would carry
+            # their noise hundreds of rows out: v(16) = 384 and v(17) = 450 ms would price a
+            # 255-row prefill chunk at 16.2 s (measured: 6.9 s), and a drafted token beside it,
+            # which shortens that chunk's own pass, would look free.
+            top = sizes[-1] if lower else sizes[0]
+            return self.verify_ms[top] * block / top
+        a, b = sizes[0], sizes[1]
         slope = (self.verify_ms[b] - self.verify_ms[a]) / (b - a)
-        return max(1e-3, self.verify_ms[b if lower else a] + slope * (block - (b if lower else a)))
+        return max(1e-3, self.verify_ms[a] + slope * (block - a))
 
     def step(self, blocks: dict[int, int]) -> float:
         """ms of one forward scoring blocks[seq] tokens of each sequence."""
