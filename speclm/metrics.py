@@ -36,8 +36,12 @@ class RoundRecord:
     # tokens the round produced (accepted drafts, then its last token) but never
     # delivered: cut by EOS (the EOS token counts here), a stop string or the length
     discarded: int = 0
-    batch_tokens: int | None = None  # tokens of the whole forward when other requests shared it
-    batch_passes: list[int] | None = None  # rows of each pass the backend split that forward into
+    batch_passes: list[int] | None = None  # rows of each pass of the forward, when other requests shared it
+
+    @property
+    def batch_tokens(self) -> int | None:
+        """Tokens of the whole forward when other requests shared it."""
+        return sum(self.batch_passes) if self.batch_passes else None
 
     @property
     def emitted(self) -> int:
@@ -57,6 +61,7 @@ class RoundRecord:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["batch_tokens"] = self.batch_tokens
         d["emitted"] = self.emitted
         d["verified"] = self.verified
         d["rejection_position"] = self.rejection_position

@@ -227,8 +227,7 @@ class Generation:
             self.ttft_ms = (t3 - self.t_start) * 1000
         record = RoundRecord(proposed=len(d), accepted=min(a, delivered), discarded=a + 1 - delivered,
                              draft_ms=draft_ms, verify_ms=verify_ms, other_ms=(t3 - t2) * 1000, note=note,
-                             info=info, batch_tokens=sum(batch_passes) if batch_passes else None,
-                             batch_passes=batch_passes)
+                             info=info, batch_passes=batch_passes)
         self.rounds.append(record)
         if self.controller:
             self.controller.observe(record)
