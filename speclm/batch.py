@@ -17,7 +17,8 @@ than the others would cost a pass of its own (llama.cpp with one KV stream per
 sequence runs unequal blocks in several passes; `Backend.pass_rows`).
 Prefill is chunked (`prefill_chunk` tokens a step, given to the prefilling
 requests first come first served) while others decode, so one long prompt
-cannot stall them.
+cannot stall them; a chunk's rows count as work in the step's goodput, so
+drafts do not slow the prefill (and the first token) of waiting requests.
 """
 
 from __future__ import annotations
@@ -56,7 +57,11 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
 
     A decoding request plans knowing the rest of the step (`share_step`): the blocks
     planned before it, one token for each request still to plan, and the prefill
-    chunks, so its K pays for the passes it adds to everyone's forward."""
+    chunks, so its K pays for the passes it adds to everyone's forward. The step's
+    expected yield counts each prompt row as one unit of work done, like an emitted
+    token: both are rows the workload needs, so a drafted row beside a prefill chunk
+    must yield as much as the prompt row it delays (uncounted, a chunk would only
+    make the step look slow, and drafting beside it look cheap)."""
     slots, decoding, prefilling = [], [], []
     for gen in gens:
         try:
@@ -67,7 +72,7 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
             continue
         (prefilling if gen.prefill_left else decoding).append(gen)
     chunks = _prefill_chunks(prefilling, capacity, len(decoding), prefill_chunk)
-    planned, expected = {}, 0.0
+    planned, expected = {}, float(sum(map(len, chunks)))  # a prompt row is work done, as a token is
     for i, gen in enumerate(decoding):
         try:
             share = getattr(gen.controller, "share_step", None)

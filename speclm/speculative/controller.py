@@ -229,8 +229,9 @@ class GoodputController:
 
     def share_step(self, blocks: dict[int, int], expected: float, seq: int) -> None:
         """The next round's forward, on sequence `seq`, also carries other sequences'
-        blocks (blocks[seq'] tokens), expected to emit `expected` tokens (a batching
-        engine says so before each plan; {}, 0 alone). K is then chosen for the
+        blocks (blocks[seq'] tokens), expected to emit `expected` tokens, prompt rows of
+        prefill chunks counted as tokens (a batching engine says so before each plan;
+        {}, 0 alone). K is then chosen for the
         goodput of the whole step: (expected + E(K)) / step(blocks + {seq: K + 1}),
         so it falls to 0 once the batch is compute-bound, or when a block longer
         than the others would cost a pass of its own that its tokens do not pay for."""
