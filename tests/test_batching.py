@@ -222,3 +222,45 @@ def test_prompts_arriving_together_prefill_first_come_first_served():
     second = plan_step(gens, capacity=512, prefill_chunk=64)
     assert [(s.gen, len(s.tokens), s.draft is not None) for s in second] == [
         (gens[0], 1, True), (gens[1], 64, False)]  # A decodes; B takes the step's chunk; C waits its turn
+
+
+def test_drafting_beside_a_prefill_chunk_must_yield_as_much_as_the_prompt_rows_it_delays():
+    """On a compute-bound curve (every row ~24 ms) a well-accepted draft beside a
+    256-row prefill chunk looks cheap when the chunk's rows count for nothing (its
+    rows only make the step slow); counted as the work they are, it does not pay:
+    each drafted row would delay a prompt row for less than a row's yield."""
+    from speclm.speculative.controller import CostModel
+    curve = {1: 47.0, 2: 78.0, 4: 116.0, 8: 283.0, 16: 384.0, 32: 780.0, 64: 1428.0, 128: 2943.0, 256: 6946.0}
+    ctl = GoodputController(CostModel(verify_ms=curve), k_max=15, alpha_prior=0.8, prior_weight=100)
+    assert ctl.choose(15)[0] > 0  # alone, drafting pays
+    ctl.share_step({0: 256}, 0.0, seq=1)
+    assert ctl.choose(15)[0] > 0  # the old accounting: the chunk is pure cost, a draft looks nearly free
+    ctl.share_step({0: 256}, 256.0, seq=1)
+    assert ctl.choose(15)[0] == 0
+
+
+def test_a_step_counts_prefill_chunk_rows_in_the_yield_its_decoders_plan_for():
+    from speclm.batch import plan_step
+
+    class Spy:
+        def __init__(self):
+            self.shared = []
+
+        def share_step(self, blocks, expected, seq):
+            self.shared.append((dict(blocks), expected))
+
+        def choose(self, k_cap):
+            return 0, None
+
+        def observe(self, rec):
+            pass
+
+    llm = toy_llm()
+    decoding = llm.start([1, 2, 3], SamplingParams(max_new_tokens=8), SpecConfig(method="ar"))
+    decoding.begin()
+    decoding.prefilled(len(decoding.prefill_left))
+    decoding.controller = spy = Spy()
+    waiting = llm.start([1, 2, 3, 4, 5] * 20, SamplingParams(max_new_tokens=4), SpecConfig(method="ar"))
+    plan_step([decoding, waiting], capacity=512, prefill_chunk=64)
+    (blocks, expected), = spy.shared
+    assert blocks == {waiting.seq: 64} and expected == 64.0
