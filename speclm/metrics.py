@@ -37,6 +37,7 @@ class RoundRecord:
     # delivered: cut by EOS (the EOS token counts here), a stop string or the length
     discarded: int = 0
     batch_passes: list[int] | None = None  # rows of each pass of the forward, when other requests shared it
+    at_ms: float | None = None  # when the round ended, ms after the request was submitted
 
     @property
     def batch_tokens(self) -> int | None:
@@ -88,6 +89,7 @@ class Summary:
     other_ms: float
     cache_hit_rate: float | None = None  # SSD: rounds whose block was pre-drafted / rounds
     discarded: int = 0  # Σ discarded: produced by a round, never delivered (EOS / stop / length cut)
+    queued_ms: float = 0.0  # submitted → admitted by a scheduler (its KV sequence taken)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,7 +105,7 @@ def per_position_acceptance(rounds: list[RoundRecord]) -> list[float]:
 
 
 def summarize(rounds: list[RoundRecord], output_tokens: int, wall_ms: float,
-              ttft_ms: float | None, prefill_ms: float = 0.0) -> Summary:
+              ttft_ms: float | None, prefill_ms: float = 0.0, queued_ms: float = 0.0) -> Summary:
     """Aggregate a request's rounds. `output_tokens` counts tokens actually
     delivered to the user (the rounds' Σ e_r; a stop can cut a round's tail)."""
     proposed = sum(r.proposed for r in rounds)
@@ -131,6 +133,7 @@ def summarize(rounds: list[RoundRecord], output_tokens: int, wall_ms: float,
         other_ms=sum(r.other_ms for r in rounds),
         cache_hit_rate=cache_hit_rate(rounds),
         discarded=sum(r.discarded for r in rounds),
+        queued_ms=queued_ms,
     )
 
 

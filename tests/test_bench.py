@@ -261,6 +261,13 @@ def test_toy_end_to_end_writes_every_file_and_interleaves(tmp_path):
         n = c["concurrency"]
         assert (c["ttft_first_wave_ms"]["n"], c["ttft_steady_ms"]["n"], c["ttft_ms"]["n"]) == (n, 3 - n, 3)
     assert "TTFT steady p50/p95/p99" in (tmp_path / "out" / "report.md").read_text()
+    timelines = [json.loads(line) for line in (tmp_path / "out" / "concurrency.jsonl").read_text().splitlines()]
+    assert len(timelines) == 3 * len(summary["concurrency"])  # every request of every row
+    for t in timelines:  # a TTFT is traceable: submitted, queued, prefilled, first round; rounds in time order
+        assert t["queued_ms"] >= 0 and t["prefill_ms"] >= 0 and t["ttft_ms"] >= t["queued_ms"] + t["prefill_ms"]
+        ends = [r[0] for r in t["rounds"]]
+        assert ends == sorted(ends) and abs(ends[0] - t["ttft_ms"]) < 1e-6
+        assert sum(1 + r[2] for r in t["rounds"]) >= t["output_tokens"]
     assert out["manifest"]["models"]["target"]["source"] == "in-memory"
     assert {v["category"] for v in summary["verdicts"]} == {"copy", "free", "all"}
     assert llm.target.live_sequences == 0
@@ -412,3 +419,16 @@ def test_toy_medusa_run_reports_heads_cost_per_head_acceptance_and_the_online_cu
     assert rows[0]["heads_ms_per_round"] > 0 and rows[0]["learn_ms_per_round"] > 0
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Medusa heads" in md and "| seq | medusa K=3 |" in md
+
+
+def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own():
+    """The sequential part filled the suffix cache with every prompt's answer; a
+    concurrency row drafting from it would replay them. Each row learns anew."""
+    from speclm.bench import runner
+    llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=2)
+    prompts = [workloads.Prompt("t", i, (0, 1, 2, i % 6, 1), chat=False) for i in range(3)]
+    runner.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[4], max_new_tokens=[8], concurrency=[2]))
+    stats = llm.suffix_cache_stats()
+    assert set(stats) == {None, "bench-concurrency-2-T0"}
+    assert stats["bench-concurrency-2-T0"]["added_requests"] == 3  # the row's own prompts, once each
+    assert stats[None]["added_requests"] >= 3  # the warm-up and the sequential part

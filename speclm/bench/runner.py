@@ -27,6 +27,7 @@ The LLM must hold at least N sequences (LLM(max_sequences=N)).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -129,7 +130,7 @@ class TraceSink:
         out_dir.mkdir(parents=True, exist_ok=True)
         self._rounds: IO[str] = open(out_dir / "rounds.jsonl", "w", encoding="utf-8")
         self._requests: IO[str] = open(out_dir / "requests.jsonl", "w", encoding="utf-8")
-        self._dir, self._reruns = out_dir, None
+        self._dir, self._reruns, self._conc = out_dir, None, None
 
     def write(self, record: dict, result: GenerationResult) -> None:
         keys = ("request_id", "category", "method", "k", "temperature", "max_new_tokens",
@@ -141,6 +142,21 @@ class TraceSink:
         self._rounds.flush()
         self._requests.flush()
 
+    def concurrency(self, head: dict, submitted_ms: float, result: GenerationResult) -> None:
+        """One request of a concurrency row (concurrency.jsonl, opened on first use): when it
+        was submitted (ms after the row started), queued, prefilled and got its first token,
+        and each round's end, block and accepted drafts, so a TTFT can be traced."""
+        if self._conc is None:
+            self._conc = open(self._dir / "concurrency.jsonl", "w", encoding="utf-8")
+        s = result.summary
+        self._conc.write(json.dumps({
+            **head, "submitted_ms": submitted_ms, "queued_ms": s.queued_ms, "prefill_ms": s.prefill_ms,
+            "ttft_ms": s.ttft_ms, "wall_ms": s.wall_ms, "prompt_tokens": result.prompt_tokens,
+            "output_tokens": s.output_tokens,
+            "rounds": [[r.at_ms, r.proposed, r.accepted, r.verify_ms, r.batch_tokens] for r in result.rounds],
+        }) + "\n")
+        self._conc.flush()
+
     def superseded(self, record: dict) -> None:
         """A starved attempt that a re-run replaced (reruns.jsonl, opened on first use)."""
         if self._reruns is None:
@@ -151,8 +167,9 @@ class TraceSink:
     def close(self) -> None:
         self._rounds.close()
         self._requests.close()
-        if self._reruns is not None:
-            self._reruns.close()
+        for extra in (self._reruns, self._conc):
+            if extra is not None:
+                extra.close()
 
 
 def busy_warning(load1: float, cores: int) -> str | None:
@@ -280,7 +297,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     if left:
         warnings.append(f"{left} request{'s' if left > 1 else ''} still starved of CPU after re-runs "
                         "(see report.md, Contamination): their ratios are unreliable; rerun on a quiet machine")
-    conc = run_concurrency(prompts, encoded, cfg, arms, on_concurrency, meta) if cfg.concurrency else []
+    conc = run_concurrency(prompts, encoded, cfg, arms, on_concurrency, meta, sink) if cfg.concurrency else []
     if any(c["starved"] for c in conc):
         warnings.append(f"{sum(1 for c in conc if c['starved'])} concurrency rows starved of CPU (not re-run): "
                         "their throughput is unreliable")
@@ -295,14 +312,19 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
 
 
 def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: BenchConfig, arms: list[Arm],
-                    on_row: Callable[[dict], None] | None = None, meta: dict | None = None) -> list[dict]:
+                    on_row: Callable[[dict], None] | None = None, meta: dict | None = None,
+                    sink: TraceSink | None = None) -> list[dict]:
     """For each N, T and method config: every prompt once, N closed-loop clients
     (each submits its next prompt when its last one finished); throughput and
     latency/TTFT distributions (latency = submit → last token). TTFT is also split:
     `ttft_first_wave_ms` over the first N requests, which all arrive at once (every
     prompt prefills together), and `ttft_steady_ms` over the later ones, which
     arrive one at a time while the others decode (only with more prompts than N).
-    A starved row is flagged (its "starved" says why), not re-run."""
+    A method that learns across requests (suffix decoding) starts each row with an
+    empty cache of its own and learns within the row: the cache the sequential part
+    filled holds every prompt's answer already, which would replay.
+    A starved row is flagged (its "starved" says why), not re-run. `sink` gets each
+    request's timeline (TraceSink.concurrency)."""
     rows: list[dict] = []
     max_new = cfg.max_new_tokens[0]
     for temp in cfg.temperatures:
@@ -310,12 +332,19 @@ def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: Be
             for arm in arms:
                 method, k = arm.method, arm.k
                 spec = method.spec(k)
+                if learns_across_requests(arm):  # its own cache: the sequential part's outputs would replay
+                    spec = dataclasses.replace(spec, cache_scope=f"bench-concurrency-{n}-T{temp:g}")
                 engine = Engine(arm.llm, max_concurrency=n, max_queue=len(encoded) + n)
                 jobs = [(ids, _params(cfg, temp, max_new, cfg.seed + i)) for i, ids in enumerate(encoded)]
+                submitted = [0.0] * len(jobs)
                 t0, c0 = time.perf_counter(), contamination.cpu_clock()
+
+                def client(i: int) -> GenerationResult:
+                    submitted[i] = (time.perf_counter() - t0) * 1000
+                    return engine.submit(jobs[i][0], jobs[i][1], spec).result()
                 try:
                     with ThreadPoolExecutor(max_workers=n) as pool:
-                        results = list(pool.map(lambda j: engine.submit(j[0], j[1], spec).result(), jobs))
+                        results = list(pool.map(client, range(len(jobs))))
                 finally:
                     engine.shutdown()
                 wall_ms = (time.perf_counter() - t0) * 1000
@@ -333,6 +362,12 @@ def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: Be
                        "starved": starved(cpu_s, wall_ms / 1000, threads, cfg.trust.min_share, os.cpu_count() or 1),
                        **(meta or {}), **arm.meta}
                 rows.append(row)
+                for i, (prompt, result) in enumerate(zip(prompts, results)):
+                    if sink is not None:
+                        sink.concurrency({"concurrency": n, "method": method.name, "k": k, "temperature": temp,
+                                          "order": i, "category": prompt.category,
+                                          "prompt_index": prompt.index, **(meta or {}), **arm.meta},
+                                         submitted[i], result)
                 if on_row:
                     on_row(row)
     return rows

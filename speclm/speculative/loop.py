@@ -227,7 +227,7 @@ class Generation:
             self.ttft_ms = (t3 - self.t_start) * 1000
         record = RoundRecord(proposed=len(d), accepted=min(a, delivered), discarded=a + 1 - delivered,
                              draft_ms=draft_ms, verify_ms=verify_ms, other_ms=(t3 - t2) * 1000, note=note,
-                             info=info, batch_passes=batch_passes)
+                             info=info, batch_passes=batch_passes, at_ms=(t3 - self.t_start) * 1000)
         self.rounds.append(record)
         if self.controller:
             self.controller.observe(record)
@@ -267,7 +267,8 @@ class Generation:
         return GenerationResult(
             text=s.text, token_ids=list(s.token_ids), finish_reason=s.finished or "cancelled",
             prompt_tokens=len(self.prompt_ids), method=self.method, k=self.k, rounds=list(self.rounds),
-            summary=summarize(self.rounds, len(s.token_ids), wall_ms, self.ttft_ms, self.prefill_ms),
+            summary=summarize(self.rounds, len(s.token_ids), wall_ms, self.ttft_ms, self.prefill_ms,
+                              (self.t_begin - self.t_start) * 1000),
             target=self.target.name, draft=None if self.proposer is None else self.proposer.name)
 
 
