@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ..api import LLM, SpecConfig
 from ..backends.base import Backend
@@ -46,6 +46,7 @@ from ..engine import Engine, RequestHandle
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
 from ..speculative.methods import get_method
+from .gate import Gate, tenant_of
 from .prom import RequestMetrics, ServerMetrics
 from .tenants import Tenants
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamError, Usage, _GenerationRequest,
@@ -267,80 +268,6 @@ class ServerState:
         await asyncio.to_thread(self.engine.shutdown, True)
 
 
-class _Gate:
-    """Middleware: the API key, then the body-size limit (the body is buffered)."""
-
-    def __init__(self, app: ASGIApp, state: ServerState):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = self._refuse_auth(scope) if scope["type"] == "http" else None
-        if refusal is None and scope["type"] == "http":
-            receive, refusal = await self._read_body(receive)
-        await (refusal or self.app)(scope, receive, send)
-
-    def _refuse_auth(self, scope: Scope) -> Response | None:
-        tenants, path = self.state.tenants, scope["path"]
-        if not tenants.guarded or not (path.startswith(("/v1/", "/admin/")) or path == "/metrics"):
-            return None
-        auth = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = auth.partition(b" ")
-        tenant = tenants.tenant_of(token.strip()) if scheme.lower() == b"bearer" else None
-        if tenant is not None:
-            scope.setdefault("state", {})[_TENANT] = tenant
-            return None
-        message = "incorrect API key provided" if auth else "missing API key: send `Authorization: Bearer KEY`"
-        return APIError(401, message, code="invalid_api_key").response({"WWW-Authenticate": "Bearer"})
-
-    async def _read_body(self, receive: Receive) -> tuple[Receive, Response | None]:
-        """Buffer the body (<= the limit) and replay it; over the limit: drain, then 413;
-        not all there within body_timeout_s: 408 (a stalled client holds no slot for long)."""
-        seconds = self.state.config.body_timeout_s
-        try:
-            return await asyncio.wait_for(self._buffer_body(receive), seconds)
-        except asyncio.TimeoutError:
-            return receive, APIError(408, f"the request body did not arrive within {seconds:g} s: send it "
-                                     "at once", code="request_timeout").response({"Connection": "close"})
-
-    async def _buffer_body(self, receive: Receive) -> tuple[Receive, Response | None]:
-        limit, chunks, size = self.state.config.max_body_bytes, [], 0
-        while (message := await receive())["type"] == "http.request":
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > limit:
-                if message.get("more_body"):
-                    await _drain(receive)
-                return receive, APIError(413, f"the request body exceeds the limit of {limit} bytes",
-                                         code="request_too_large").response()
-            if not message.get("more_body"):
-                message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-                break
-        first = [message]
-
-        async def replay() -> dict:
-            return first.pop() if first else await receive()
-
-        return replay, None
-
-
-_TENANT = "speclm_tenant"
-
-
-def tenant_of(request: Request) -> str | None:
-    """The tenant the gate admitted this request as (None: the server has no keys)."""
-    return request.scope.get("state", {}).get(_TENANT)
-
-
-async def _drain(receive: Receive, cap: int = 64 << 20) -> None:
-    """Read and discard the rest of a body (so the client can read our answer)."""
-    seen = 0
-    while seen <= cap:
-        message = await receive()
-        seen += len(message.get("body", b""))
-        if message["type"] != "http.request" or not message.get("more_body"):
-            return
-
-
 def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving `llm`; its state is `app.state.speclm` (ServerState)."""
     config = config or ServerConfig()
@@ -357,7 +284,8 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="speclm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.speclm = state
-    app.add_middleware(_Gate, state=state)
+    app.add_middleware(Gate, tenants=state.tenants, max_body_bytes=config.max_body_bytes,
+                       body_timeout_s=config.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=state.metrics)  # outermost: sees 401 and 413 too
 
     async def on_error(_request: Request, exc: Exception) -> Response:
