@@ -181,6 +181,7 @@ class LLM:
     def cost_model(self, proposal: str | None, k: int) -> CostModel:
         """Measured costs for this LLM and proposal, calibrated on first use (blocks
         up to min(k, 16) + 1) and then learnt from every round run (shared by all requests).
+        proposal None: the target's forwards alone (the batching engine's curve).
         Calibration holds backend_lock: it never runs alongside another thread's forwards."""
         with self._costs_lock:
             if proposal not in self._costs:

@@ -1,6 +1,8 @@
 """One forward per engine step: every active request's prefill chunk or round
 block goes into ONE `score_batch` (one llama_decode), then each request runs
-accept → resample → iterate on its own rows.
+accept → resample → iterate on its own rows. Where the target's measured cost
+curve prices a few smaller forwards cheaper than one (`forwards`: on a Zen 3,
+8 one-token rows cost more than two forwards of 4), the step runs those.
 
 The five stages stay where they are (speculative/loop.py): a request plans its
 round (`Generation.plan`: K and the draft), the step scores all blocks
@@ -27,10 +29,12 @@ import time
 from dataclasses import dataclass
 
 from .backends.base import Backend
+from .speculative.controller import CostModel
 from .speculative.loop import Generation, distributions
 from .speculative.proposers.base import Draft
 
 PREFILL_CHUNK = 256  # prompt tokens per step while other requests decode
+SPLIT_GAIN = 0.9  # a step runs as several forwards only when priced >= 10 % cheaper (the curve is noisy)
 
 
 @dataclass
@@ -114,28 +118,62 @@ def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, pr
     return chunks
 
 
-def run_step(target: Backend, slots: list[Slot]) -> None:
-    """Score every slot's tokens in one forward and finish each slot's round."""
+def forwards(target: Backend, work: list[Slot], costs: CostModel | None) -> list[list[Slot]]:
+    """The forwards a step runs: one over every slot, unless `costs` (the target's
+    measured v(rows)) prices a split into 2–4 forwards, each a contiguous run of the
+    backend's batch order with about equal rows, at least SPLIT_GAIN cheaper. The
+    curve need not be convex: on a Zen 3 eight one-token blocks cost 314 ms as one
+    forward and 254 ms as two forwards of four."""
+    if costs is None or len(work) < 2:
+        return [work]
+    by_seq = {s.gen.seq: s for s in work}
+    ordered = [by_seq[seq] for seq in target.batch_order(list(by_seq))]
+
+    def price(groups: list[list[Slot]]) -> float:
+        return sum(costs.step({s.gen.seq: len(s.tokens) for s in g}) for g in groups)
+
+    best, best_ms = [ordered], price([ordered])
+    total = sum(len(s.tokens) for s in ordered)
+    for n in range(2, min(4, len(ordered)) + 1):
+        groups: list[list[Slot]] = [[]]
+        for s in ordered:
+            if groups[-1] and len(groups) < n and sum(len(x.tokens) for x in groups[-1]) >= total / n:
+                groups.append([])
+            groups[-1].append(s)
+        if len(groups) == n and (ms := price(groups)) < SPLIT_GAIN * best_ms:
+            best, best_ms = groups, ms
+    return best
+
+
+def run_step(target: Backend, slots: list[Slot], costs: CostModel | None = None) -> None:
+    """Score every slot's tokens, in one forward unless `costs` prices a split
+    cheaper (`forwards`), and finish each slot's round. `costs` is only read:
+    learning it from the forwards run would compare the v(4) of a split step,
+    observed, with the v(8) of the whole step, never run again."""
     work = [s for s in slots if s.tokens]
     if not work:
         return
-    alone = len(work) == 1
-    target.use_threads(work[0].gen.threads if alone else None)
+    target.use_threads(work[0].gen.threads if len(work) == 1 else None)
+    for group in forwards(target, work, costs):
+        _run_forward(target, group)
+
+
+def _run_forward(target: Backend, group: list[Slot]) -> None:
     t0 = time.perf_counter()
     try:
-        rows = target.score_batch([(s.gen.seq, s.tokens) for s in work], [s.draft is not None for s in work])
+        rows = target.score_batch([(s.gen.seq, s.tokens) for s in group], [s.draft is not None for s in group])
     except Exception as exc:  # noqa: BLE001  (every request in the forward fails)
-        for s in work:
+        for s in group:
             s.error = exc
         return
     ms = (time.perf_counter() - t0) * 1000
-    passes = target.pass_rows({s.gen.seq: len(s.tokens) for s in work})
-    for s, logits in zip(work, rows):
+    passes = target.pass_rows({s.gen.seq: len(s.tokens) for s in group})
+    for s, logits in zip(group, rows):
         try:
             if s.draft is None:
                 s.gen.prefilled(len(s.tokens))
             else:
                 p = distributions(logits, s.gen.params)
-                s.finished = s.gen.complete(p, verify_ms=ms, batch_passes=None if alone else passes)
+                s.finished = s.gen.complete(p, verify_ms=ms, batch_passes=None if len(group) == 1 else passes)
         except Exception as exc:  # noqa: BLE001
             s.error = exc

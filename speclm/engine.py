@@ -1,7 +1,8 @@
 """Several requests in flight on one LLM: a scheduler thread runs them in
 steps. By default (batched) a step is ONE forward over every active request's
-round block or prefill chunk (speclm/batch.py); `batched=False` takes turns
-instead, one request's round at a time (round-robin).
+round block or prefill chunk (speclm/batch.py), or a few smaller forwards where
+the target's measured cost curve prices them cheaper (`split_forwards`);
+`batched=False` takes turns instead, one request's round at a time (round-robin).
 
     engine = Engine(llm, max_concurrency=8)
     handle = engine.submit("def f():", SamplingParams(max_new_tokens=32), SpecConfig("sd-ngram"))
@@ -139,7 +140,7 @@ class Engine:
     (batched), or one request's round per turn (batched=False)."""
 
     def __init__(self, llm: LLM, max_concurrency: int = 4, max_queue: int = 64, start: bool = True,
-                 batched: bool = True, prefill_chunk: int = PREFILL_CHUNK):
+                 batched: bool = True, prefill_chunk: int = PREFILL_CHUNK, split_forwards: bool = True):
         capacity = llm.target.max_sequences
         if capacity is not None and max_concurrency > capacity:
             raise InvalidRequestError(
@@ -147,6 +148,10 @@ class Engine:
                 f"loaded with: load it with LLM(max_sequences={max_concurrency}) or lower the concurrency")
         self.llm = llm
         self.batched, self.prefill_chunk = batched, prefill_chunk
+        # the target's v(rows), calibrated once per LLM (no request learns it): a step whose
+        # one forward is priced dearer than a few smaller ones runs as those (batch.forwards)
+        self.forward_costs = llm.cost_model(None, 16) if batched and split_forwards and max_concurrency > 1 \
+            else None
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self._pending: deque[tuple[RequestHandle, Generation]] = deque()
@@ -232,7 +237,7 @@ class Engine:
         owner = {id(gen): handle for handle, gen in live}
         with self.llm.backend_lock:
             slots = plan_step([gen for _, gen in live], self.llm.target.n_ctx, self.prefill_chunk)
-            run_step(self.llm.target, slots)
+            run_step(self.llm.target, slots, self.forward_costs)
         for s in slots:
             if s.error is not None or s.finished:
                 self._retire(owner[id(s.gen)], s.gen, s.error)

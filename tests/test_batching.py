@@ -58,7 +58,8 @@ MIXED = [  # (prompt, sampling, spec): every method with a deterministic K seque
 
 
 def run_batched(llm: LLM, jobs, **engine_kw) -> list:
-    engine = Engine(llm, max_concurrency=len(jobs), **engine_kw)
+    """One forward per step (split_forwards off: a toy's timings are noise)."""
+    engine = Engine(llm, max_concurrency=len(jobs), **{"split_forwards": False, **engine_kw})
     handles = [engine.submit(p, sp, spec) for p, sp, spec in jobs]
     out = [h.result(timeout=60) for h in handles]
     engine.shutdown()
@@ -151,7 +152,7 @@ def test_a_prompt_longer_than_the_prefill_chunk_is_prefilled_in_chunks_while_oth
             (long_prompt, SamplingParams(max_new_tokens=10), SpecConfig(method="sd-ngram", k=3))]
     solo = [llm.generate(p, sp, spec).token_ids for p, sp, spec in jobs]
     target.batches.clear()
-    engine = Engine(llm, max_concurrency=2, prefill_chunk=64, start=False)
+    engine = Engine(llm, max_concurrency=2, prefill_chunk=64, start=False, split_forwards=False)
     handles = [engine.submit(p, sp, spec) for p, sp, spec in jobs]
     engine.start()
     results = [h.result(timeout=60) for h in handles]
@@ -264,3 +265,45 @@ def test_a_step_counts_prefill_chunk_rows_in_the_yield_its_decoders_plan_for():
     plan_step([decoding, waiting], capacity=512, prefill_chunk=64)
     (blocks, expected), = spy.shared
     assert blocks == {waiting.seq: 64} and expected == 64.0
+
+
+ZEN3_CURVE = {1: 47.0, 2: 78.0, 4: 116.0, 8: 283.0, 12: 377.0, 16: 384.0}  # ms, measured alone on a Zen 3
+
+
+def test_a_step_runs_as_smaller_forwards_where_the_measured_curve_prices_them_cheaper():
+    """v(8) > 2 v(4) on that curve: eight one-token blocks run as two forwards of four;
+    sixteen stay one forward (v(16) < 2 v(8)); on a linear curve nothing splits."""
+    from types import SimpleNamespace
+
+    from speclm.batch import Slot, forwards
+    from speclm.speculative.controller import CostModel
+
+    def slots(n):
+        return [Slot(SimpleNamespace(seq=i), [7]) for i in range(n)]
+
+    def sizes(n, curve):
+        return [len(g) for g in forwards(ToyBackend(6, seed=4), slots(n), CostModel(verify_ms=dict(curve)))]
+
+    assert sizes(8, ZEN3_CURVE) == [4, 4]
+    assert sizes(16, ZEN3_CURVE) == [16]
+    assert sizes(8, {1: 10.0, 16: 160.0}) == [8]
+    assert [len(g) for g in forwards(ToyBackend(6, seed=4), slots(8), None)] == [8]
+
+
+def test_split_forwards_change_nothing_but_the_forwards():
+    """With a curve on which every step is cheaper split, eight requests (mixed methods
+    and sampling) still emit exactly their solo outputs."""
+    from speclm.speculative.controller import CostModel
+    target = CountingToy(6, seed=4, n_ctx=512)
+    llm = toy_llm(target)
+    jobs = (MIXED + MIXED)[:8]
+    solo = [llm.generate(p, sp, spec).token_ids for p, sp, spec in jobs]
+    engine = Engine(llm, max_concurrency=8, start=False)
+    engine.forward_costs = CostModel(verify_ms={2 ** i: 4.0 ** i for i in range(10)})  # v(n) = n², convex
+    handles = [engine.submit(p, sp, spec) for p, sp, spec in jobs]
+    target.batches.clear()
+    engine.start()
+    results = [h.result(timeout=60) for h in handles]
+    engine.shutdown()
+    assert [r.token_ids for r in results] == solo
+    assert max(target.batches) < 8  # no forward carried all eight

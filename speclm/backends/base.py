@@ -98,6 +98,10 @@ class Backend(ABC):
         return [self.score(seq, tokens) if full else self.prefill(seq, tokens)[None, :]
                 for (seq, tokens), full in zip(items, every)]
 
+    def batch_order(self, seqs: list[int]) -> list[int]:
+        """The order `score_batch` puts these sequences in its forward (default: as given)."""
+        return list(seqs)
+
     def pass_rows(self, blocks: dict[int, int]) -> list[int]:
         """Rows of each pass the backend makes over one `score_batch` forward that
         scores blocks[seq] tokens of each sequence (the cost model prices a shared

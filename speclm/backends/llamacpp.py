@@ -272,8 +272,7 @@ class LlamaCppBackend(Backend):
         if total == 0 or total > self.n_ctx or len(items) == 1 or self._hidden_rows is not None:
             # (hidden states on: llama.cpp would run the output head over every prefill row)
             return super().score_batch(items, all_logits)
-        # in sequence order: llama.cpp puts only consecutive, increasing ids in one pass (pass_rows)
-        order = sorted(range(len(items)), key=lambda k: self._stream[items[k][0]])
+        order = sorted(range(len(items)), key=lambda k: self._stream[items[k][0]])  # batch_order
         b, i, rows = self._batch, 0, []
         for seq, tokens, full in ((*items[k], every[k]) for k in order):
             held = self._held[seq]
@@ -302,6 +301,10 @@ class LlamaCppBackend(Backend):
             out[k] = logits[i:i + n].copy()
             i += n
         return out
+
+    def batch_order(self, seqs: list[int]) -> list[int]:
+        """By stream id: llama.cpp puts only consecutive, increasing ids in one pass (pass_rows)."""
+        return sorted(seqs, key=self._stream.__getitem__)
 
     def pass_rows(self, blocks: dict[int, int]) -> list[int]:
         """With one KV stream per sequence llama.cpp splits a forward into passes

@@ -86,11 +86,15 @@ class CostModel:
         rows = self.passes(blocks) if self.passes else [sum(blocks.values())]
         return sum(self.verify(r) for r in rows)
 
+    def learn(self, rows: int, ms: float) -> None:
+        """A forward of one pass over `rows` rows took `ms`."""
+        old = self.verify_ms.get(rows)
+        self.verify_ms[rows] = ms if old is None else old + self.weight * (ms - old)
+
     def observe(self, rec: RoundRecord) -> None:
         rows = rec.batch_passes or [rec.proposed + 1]
         if len(rows) == 1:  # a forward of several passes does not say what each cost
-            old = self.verify_ms.get(rows[0])
-            self.verify_ms[rows[0]] = rec.verify_ms if old is None else old + self.weight * (rec.verify_ms - old)
+            self.learn(rows[0], rec.verify_ms)
         if rec.proposed:
             per_token = rec.draft_ms / rec.proposed
             self.draft_ms_per_token += self.weight * (per_token - self.draft_ms_per_token)
@@ -106,7 +110,8 @@ def calibrate(target: Backend, draft: Backend | None, max_block: int, repeats: i
     """Seed a CostModel by timing blocks of 1..max_block tokens on the target
     (and single steps on the draft), on a scratch sequence."""
     cost = CostModel(passes=target.pass_rows)
-    filler = [1] * 64
+    max_block = max(1, min(max_block, target.n_ctx // 2))
+    filler = [1] * min(64, target.n_ctx - max_block)  # a small context holds the filler and a block
     times: dict[int, list[float]] = {b: [] for b in range(1, max_block + 1)}
     seq = target.new_sequence()
     try:
