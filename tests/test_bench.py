@@ -423,12 +423,16 @@ def test_toy_medusa_run_reports_heads_cost_per_head_acceptance_and_the_online_cu
 
 def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own():
     """The sequential part filled the suffix cache with every prompt's answer; a
-    concurrency row drafting from it would replay them. Each row learns anew."""
+    concurrency row drafting from it, or from another arm's row, would replay them.
+    Each row of each arm learns anew."""
     from speclm.bench import runner
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=2)
     prompts = [workloads.Prompt("t", i, (0, 1, 2, i % 6, 1), chat=False) for i in range(3)]
-    runner.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[4], max_new_tokens=[8], concurrency=[2]))
+    runner.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3, 4], max_new_tokens=[8],
+                                               concurrency=[2]))
     stats = llm.suffix_cache_stats()
-    assert set(stats) == {None, "bench-concurrency-2-T0"}
-    assert stats["bench-concurrency-2-T0"]["added_requests"] == 3  # the row's own prompts, once each
+    rows = {"bench-concurrency-arm1-2-T0", "bench-concurrency-arm2-2-T0"}  # arm 0 is AR
+    assert set(stats) == {None} | rows
+    for scope in rows:
+        assert stats[scope]["added_requests"] == 3  # the row's own prompts, once each
     assert stats[None]["added_requests"] >= 3  # the warm-up and the sequential part

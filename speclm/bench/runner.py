@@ -321,19 +321,20 @@ def run_concurrency(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: Be
     prompt prefills together), and `ttft_steady_ms` over the later ones, which
     arrive one at a time while the others decode (only with more prompts than N).
     A method that learns across requests (suffix decoding) starts each row with an
-    empty cache of its own and learns within the row: the cache the sequential part
-    filled holds every prompt's answer already, which would replay.
+    empty cache of its own (per arm) and learns within the row: the cache the
+    sequential part, or another arm's row, filled holds every prompt's answer already,
+    which would replay.
     A starved row is flagged (its "starved" says why), not re-run. `sink` gets each
     request's timeline (TraceSink.concurrency)."""
     rows: list[dict] = []
     max_new = cfg.max_new_tokens[0]
     for temp in cfg.temperatures:
         for n in cfg.concurrency:
-            for arm in arms:
+            for a, arm in enumerate(arms):
                 method, k = arm.method, arm.k
                 spec = method.spec(k)
-                if learns_across_requests(arm):  # its own cache: the sequential part's outputs would replay
-                    spec = dataclasses.replace(spec, cache_scope=f"bench-concurrency-{n}-T{temp:g}")
+                if learns_across_requests(arm):  # its own cache: the sequential part's or another arm's would replay
+                    spec = dataclasses.replace(spec, cache_scope=f"bench-concurrency-arm{a}-{n}-T{temp:g}")
                 engine = Engine(arm.llm, max_concurrency=n, max_queue=len(encoded) + n)
                 jobs = [(ids, _params(cfg, temp, max_new, cfg.seed + i)) for i, ids in enumerate(encoded)]
                 submitted = [0.0] * len(jobs)
