@@ -86,15 +86,11 @@ class CostModel:
         rows = self.passes(blocks) if self.passes else [sum(blocks.values())]
         return sum(self.verify(r) for r in rows)
 
-    def learn(self, rows: int, ms: float) -> None:
-        """A forward of one pass over `rows` rows took `ms`."""
-        old = self.verify_ms.get(rows)
-        self.verify_ms[rows] = ms if old is None else old + self.weight * (ms - old)
-
     def observe(self, rec: RoundRecord) -> None:
         rows = rec.batch_passes or [rec.proposed + 1]
         if len(rows) == 1:  # a forward of several passes does not say what each cost
-            self.learn(rows[0], rec.verify_ms)
+            old = self.verify_ms.get(rows[0])
+            self.verify_ms[rows[0]] = rec.verify_ms if old is None else old + self.weight * (rec.verify_ms - old)
         if rec.proposed:
             per_token = rec.draft_ms / rec.proposed
             self.draft_ms_per_token += self.weight * (per_token - self.draft_ms_per_token)
