@@ -215,6 +215,10 @@ def test_quick_defaults_and_overrides():
         bench_cli.resolve_args(parser().parse_args(["bench", "--k", "0"]))
     with pytest.raises(InvalidRequestError, match="temperature"):
         bench_cli.resolve_args(parser().parse_args(["bench", "--temperature", "-1"]))
+    assert bench_cli.resolve_args(parser().parse_args(["bench", "--concurrency", "1,4", "--concurrency-repeats",
+                                                       "3"]))["config"].concurrency_repeats == 3
+    with pytest.raises(InvalidRequestError, match="--concurrency-repeats must be >= 1, got 0"):
+        bench_cli.resolve_args(parser().parse_args(["bench", "--concurrency-repeats", "0"]))
 
 
 def test_busy_warning_and_manifest_hashes(tmp_path):
@@ -421,6 +425,50 @@ def test_toy_medusa_run_reports_heads_cost_per_head_acceptance_and_the_online_cu
     assert "## Medusa heads" in md and "| seq | medusa K=3 |" in md
 
 
+def test_repeated_concurrency_rows_alternate_who_runs_first_and_pair_within_a_repeat(tmp_path):
+    """The machine drifts by ±15 % within an hour, so AR and a method at the same N run
+    back to back, their order flipping at each (repeat, N); each ratio pairs rows of one
+    repeat, and the report gives its range and how often the method fell below AR."""
+    llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=2)
+    prompts = [workloads.Prompt("t", i, (0, 1, 2, i % 6, 1), chat=False) for i in range(3)]
+    cfg = BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[8], concurrency=[1, 2], concurrency_repeats=2)
+    bench_cli.run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    order = [(c["repeat"], c["concurrency"], c["method"]) for c in summary["concurrency"]]
+    assert order == [(0, 1, "ar"), (0, 1, "sd-suffix"), (0, 2, "sd-suffix"), (0, 2, "ar"),
+                     (1, 1, "sd-suffix"), (1, 1, "ar"), (1, 2, "ar"), (1, 2, "sd-suffix")]
+    assert {s for s in llm.suffix_cache_stats() if s} == {f"bench-concurrency-arm1-{n}-T0-r{r}"
+                                                          for n in (1, 2) for r in (0, 1)}
+    tok_s = {(c["repeat"], c["concurrency"], c["method"]): c["throughput_tok_s"] for c in summary["concurrency"]}
+    by = {(e["concurrency"], e["method"]): e for e in summary["concurrency_paired"]}
+    ratios = sorted(tok_s[r, 2, "sd-suffix"] / tok_s[r, 2, "ar"] for r in (0, 1))
+    assert by[2, "sd-suffix"]["vs_ar"]["min"] == pytest.approx(ratios[0])
+    assert by[2, "sd-suffix"]["vs_ar"]["max"] == pytest.approx(ratios[1])
+    assert by[2, "sd-suffix"]["below_ar"] == sum(x < 1 for x in ratios)
+    scaling = sorted(tok_s[r, 2, "ar"] / tok_s[r, 1, "ar"] for r in (0, 1))
+    assert (by[2, "ar"]["vs_ar_1"]["min"], by[2, "ar"]["vs_ar_1"]["max"]) == pytest.approx(tuple(scaling))
+    assert by[2, "ar"]["vs_ar"] is None and by[1, "ar"]["repeats"] == 2
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| repeat |" in md and "vs AR at this N" in md and "(base)" in md
+
+
+def test_paired_concurrency_ratios_match_rows_of_the_same_repeat_and_target():
+    from speclm.bench.scaling import paired
+    def row(rep, n, method, tok_s, target="a"):
+        return {"temperature": 0.0, "repeat": rep, "concurrency": n, "method": method, "k": 0 if method == "ar" else 16,
+                "throughput_tok_s": tok_s, "target": target}
+    rows = [row(0, 1, "ar", 10), row(0, 16, "ar", 20), row(0, 16, "auto", 18),
+            row(1, 1, "ar", 8), row(1, 16, "ar", 16), row(1, 16, "auto", 20),
+            row(0, 16, "ar", 99, "b"), row(0, 16, "auto", 33, "b")]
+    by = {(e["concurrency"], e["method"], e["target"]): e for e in paired(rows)}
+    auto = by[16, "auto", "a"]
+    assert (auto["vs_ar"]["min"], auto["vs_ar"]["median"], auto["vs_ar"]["max"]) == pytest.approx((0.9, 1.075, 1.25))
+    assert auto["below_ar"] == 1 and auto["vs_ar_1"]["min"] == pytest.approx(1.8)
+    assert auto["vs_ar_1"]["max"] == pytest.approx(2.5)
+    assert by[16, "ar", "a"]["vs_ar_1"]["median"] == pytest.approx(2.0)
+    assert by[16, "auto", "b"]["vs_ar"]["median"] == pytest.approx(33 / 99) and by[16, "auto", "b"]["vs_ar_1"] is None
+
+
 def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own():
     """The sequential part filled the suffix cache with every prompt's answer; a
     concurrency row drafting from it, or from another arm's row, would replay them.
@@ -431,7 +479,7 @@ def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own()
     runner.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3, 4], max_new_tokens=[8],
                                                concurrency=[2]))
     stats = llm.suffix_cache_stats()
-    rows = {"bench-concurrency-arm1-2-T0", "bench-concurrency-arm2-2-T0"}  # arm 0 is AR
+    rows = {"bench-concurrency-arm1-2-T0-r0", "bench-concurrency-arm2-2-T0-r0"}  # arm 0 is AR
     assert set(stats) == {None} | rows
     for scope in rows:
         assert stats[scope]["added_requests"] == 3  # the row's own prompts, once each

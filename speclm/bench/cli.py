@@ -41,10 +41,10 @@ from .workloads import Prompt, load_builtin, load_dataset, select
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "k": [4],
          "temperature": [0.0], "max_new_tokens": [48], "methods": list(BENCH_DEFAULT),
-         "repeats": 1, "concurrency": []}
+         "repeats": 1, "concurrency": [], "concurrency_repeats": 1}
 DEFAULTS = {"categories": None, "prompts_per_category": 20, "k": [2, 4, 8], "temperature": [0.0],
             "max_new_tokens": [128], "methods": list(BENCH_DEFAULT), "repeats": 1,
-            "concurrency": []}
+            "concurrency": [], "concurrency_repeats": 1}
 
 
 def _csv(kind: Callable[[str], object], what: str) -> Callable[[str], list]:
@@ -88,6 +88,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0, help="base sampling seed (default 0)")
     b.add_argument("--concurrency", type=_csv(int, "integers"), default=None,
                    help="also measure throughput with N requests in flight, e.g. 1,2,4")
+    b.add_argument("--concurrency-repeats", type=int, default=None, metavar="R",
+                   help="run every concurrency row R times, AR and the methods alternating who goes first; "
+                        "the report gives each ratio's range over the repeats (default 1)")
     b.add_argument("--dataset", default=None, help="Spec-Bench question.jsonl or JSONL of {category, prompt}")
     b.add_argument("--out", default=None, help="output directory (default bench-out/<timestamp>)")
     b.add_argument("--quick", action="store_true", help="a small smoke sweep (~2 prompts × 3 categories, "
@@ -133,14 +136,15 @@ def resolve_args(args: argparse.Namespace) -> dict:
     v = {key: getattr(args, key) if getattr(args, key) is not None else base[key] for key in base}
     if getattr(args, "dataset", None) and args.categories is None:
         v["categories"] = None  # a dataset's own categories, all of them
-    for key in ("prompts_per_category", "repeats"):
+    for key in ("prompts_per_category", "repeats", "concurrency_repeats"):
         if v[key] is not None and v[key] < 1:
             raise InvalidRequestError(f"--{key.replace('_', '-')} must be >= 1, got {v[key]}")
     if any(n < 1 for n in v["concurrency"]):
         raise InvalidRequestError(f"--concurrency values must be >= 1, got {v['concurrency']}")
     cfg = BenchConfig(methods=v["methods"], ks=v["k"], temperatures=v["temperature"],
                       max_new_tokens=v["max_new_tokens"], repeats=v["repeats"], seed=args.seed,
-                      concurrency=v["concurrency"], ignore_eos=args.ignore_eos, base=spec_from_args(args),
+                      concurrency=v["concurrency"],
+                      concurrency_repeats=v["concurrency_repeats"], ignore_eos=args.ignore_eos, base=spec_from_args(args),
                       trust=trust_from_args(args))
     for method, k in cfg.configs():  # fail before loading any model
         method.spec(k)
@@ -162,7 +166,7 @@ def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path,
     Returns {"summary", "manifest", "report"} (report = path of report.md)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(cfg.configs())
-    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * len(cfg.configs())
+    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * cfg.concurrency_repeats * len(cfg.configs())
     sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req, n_conc)
     try:
         run = run_bench(llm, prompts, cfg, sink, on_request=bars.on_request, on_concurrency=bars.on_concurrency)

@@ -22,7 +22,8 @@ from .endpoint_metrics import scrape
 from .manifest import build_manifest
 from .workloads import prompt_set_hash
 
-NOT_WITH_ENDPOINT = ("target", "targets", "draft", "drafts", "methods", "k", "variant_quality")
+NOT_WITH_ENDPOINT = ("target", "targets", "draft", "drafts", "methods", "k", "variant_quality",
+                     "concurrency_repeats")
 
 
 def add_endpoint_options(b: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from statistics import median
 
 import matplotlib
 
@@ -89,17 +90,23 @@ def plot_latency_cdf(requests: Sequence[dict], path: Path) -> None:
 
 
 def plot_concurrency(rows: Sequence[dict], path: Path) -> None:
+    """Throughput against N, one line per config: the median over repeats, with a
+    bar over their min–max when a row ran more than once."""
     temps, models = len({r["temperature"] for r in rows}), models_vary(rows)
-    series: dict[str, list[tuple[int, float]]] = {}
+    series: dict[str, dict[int, list[float]]] = {}
     for r in rows:
-        series.setdefault(_series_name(r, temps, models), []).append((r["concurrency"], r["throughput_tok_s"]))
+        series.setdefault(_series_name(r, temps, models), {}).setdefault(r["concurrency"], []).append(
+            r["throughput_tok_s"])
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, pts in series.items():
-        pts.sort()
-        ax.plot([n for n, _ in pts], [t for _, t in pts], marker="o", label=name)
+    for name, by_n in series.items():
+        ns = sorted(by_n)
+        mid = [median(by_n[n]) for n in ns]
+        err = [[m - min(by_n[n]) for n, m in zip(ns, mid)], [max(by_n[n]) - m for n, m in zip(ns, mid)]]
+        ax.errorbar(ns, mid, yerr=err if any(len(by_n[n]) > 1 for n in ns) else None, marker="o", capsize=3,
+                    label=name)
     ax.set_xticks(sorted({r["concurrency"] for r in rows}))
     ax.set_xlabel("requests in flight")
-    ax.set_ylabel("throughput (tokens/s)")
+    ax.set_ylabel("throughput (tokens/s; median, bar = min–max over repeats)")
     ax.set_title("throughput vs concurrency")
     ax.legend(fontsize=7)
     _save(fig, path)

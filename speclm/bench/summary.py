@@ -15,6 +15,8 @@ from .heads_report import render as render_heads
 from .halves import render as render_halves
 from .methods import BASELINE
 from .projection import project
+from .scaling import paired
+from .scaling import table as paired_table
 from .projection import render as render_projection
 from .report import (MAIN_HEADER, RATIOS_NOTE, _f, divergences, group_rows, identity_note, label, models_vary,
                      render_ssd, render_variants, table_rows, verdicts)
@@ -30,6 +32,7 @@ def build_summary(run, config: dict) -> dict:
             "contamination": summarize(run.requests, config.get("contamination")),
             "ssd_projection": project(run.requests), "medusa": heads_rows(run.requests),
             "identity_divergences": divergences(run.requests), "concurrency": run.concurrency,
+            "concurrency_paired": paired(run.concurrency),
             "load_before": list(run.load_before), "load_after": list(run.load_after),
             "warnings": list(run.warnings), "wall_s": run.ended - run.started,
             "peak_rss_mb": max((r["peak_rss_mb"] for r in run.requests), default=None)}
@@ -83,13 +86,23 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
     parts += [f"- {d['category']} #{d['prompt_index']} {label(d, models)}: token {d['first_divergence']}, "
               f"margin {_f(d['ar_top2_margin'], '.4f')}" for d in divs]
     if summary["concurrency"]:
-        conc_rows = [(str(c["concurrency"]), label(c, models), f"{c['temperature']:g}", _f(c["throughput_tok_s"], ".1f"),
+        repeats = max(c.get("repeat", 0) for c in summary["concurrency"]) + 1
+        conc_rows = [(str(c["concurrency"]), label(c, models), f"{c['temperature']:g}",
+                      *([str(c.get("repeat", 0) + 1)] if repeats > 1 else []), _f(c["throughput_tok_s"], ".1f"),
                       *(" / ".join(_f(c[key][q], ".0f") for q in ("p50", "p95", "p99"))
                         for key in ("latency_ms", "ttft_ms", "ttft_first_wave_ms", "ttft_steady_ms")),
                       str(c["ttft_steady_ms"]["n"])) for c in summary["concurrency"]]
         parts += ["", "## Concurrency", "", "N closed-loop clients over every prompt. First wave: the first N "
-                  "requests, arriving together; steady: the later ones, each arriving while the others decode.", "",
-                  md_table(("N", "method", "T", "tok/s", "latency p50/p95/p99", "TTFT p50/p95/p99",
-                            "TTFT first wave p50/p95/p99", "TTFT steady p50/p95/p99", "steady n"), conc_rows)]
+                  "requests, arriving together; steady: the later ones, each arriving while the others decode."
+                  + (" Rows in run order; each repeat is a pass over every N, AR and the methods alternating "
+                     "who runs first." if repeats > 1 else ""), "",
+                  md_table(("N", "method", "T", *(["repeat"] if repeats > 1 else []), "tok/s", "latency p50/p95/p99",
+                            "TTFT p50/p95/p99", "TTFT first wave p50/p95/p99", "TTFT steady p50/p95/p99",
+                            "steady n"), conc_rows)]
+        entries = summary.get("concurrency_paired") or paired(summary["concurrency"])
+        header, rows = paired_table(entries, lambda e: label(e, models))
+        parts += ["", "Ratios within a repeat (rows run back to back, so machine drift falls on both): "
+                  "median [min–max] over the repeats; below AR counts the repeats in which the method's "
+                  "throughput was lower than AR's at the same N.", "", md_table(header, rows)]
     parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     return "\n".join(parts)

@@ -137,7 +137,7 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
     max_seqs = max([2, *cfg.concurrency])
     n_arms = sum(len(plan.drafts) if m.needs_draft else 1 for m, _ in cfg.configs())
     n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * n_arms
-    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * n_arms
+    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * cfg.concurrency_repeats * n_arms
     out_dir.mkdir(parents=True, exist_ok=True)
     started, load_before = time.time(), os.getloadavg()
     sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req * len(plan.targets), n_conc * len(plan.targets))

@@ -1,0 +1,80 @@
+"""Concurrency rows paired within a repeat (bench --concurrency-repeats R).
+
+The machine's speed drifts (±15–20 % within an hour on the shared 2-core hosts), so a
+ratio of two rows is trusted only when the rows ran next to each other. For every
+(T, N, config) this gives, over the R repeats:
+
+- tok_s        the row's throughput: median [min–max];
+- vs_ar        its throughput / AR's at the same N in the same repeat (the rows run
+               back to back, their order flipping between repeats): median [min–max],
+               and in how many repeats it was below 1;
+- vs_ar_1      its throughput / AR's at N = 1 in the same repeat (the batching gain);
+               None without an N = 1 row.
+
+Rows are matched on (temperature, repeat, concurrency) and, in a variant sweep, the
+target they ran on; a starved row (runner.starved) makes its pairs unreliable and is
+counted in `starved`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from statistics import median
+
+from .methods import BASELINE
+
+MODEL_KEYS = ("target", "draft", "target_name", "draft_name")
+
+
+def _spread(xs: Sequence[float]) -> dict | None:
+    return {"median": median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else None
+
+
+def paired(rows: Sequence[dict]) -> list[dict]:
+    """One entry per (T, N, config, models), in first-run order (see the module doc)."""
+    ar = {(r["temperature"], r.get("repeat", 0), r["concurrency"], r.get("target")): r
+          for r in rows if r["method"] == BASELINE}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        groups[(r["temperature"], r["concurrency"], r["method"], r.get("k"),
+                *(r.get(k) for k in MODEL_KEYS))].append(r)
+    out = []
+    for key, rs in groups.items():
+        vs_ar, vs_ar_1 = [], []
+        for r in rs:
+            rep, target = r.get("repeat", 0), r.get("target")
+            same = ar.get((r["temperature"], rep, r["concurrency"], target))
+            single = ar.get((r["temperature"], rep, 1, target))
+            if r["method"] != BASELINE and same and same["throughput_tok_s"]:
+                vs_ar.append(r["throughput_tok_s"] / same["throughput_tok_s"])
+            if single and single["throughput_tok_s"]:
+                vs_ar_1.append(r["throughput_tok_s"] / single["throughput_tok_s"])
+        first = rs[0]
+        out.append({"temperature": key[0], "concurrency": key[1], "method": key[2], "k": key[3],
+                    **{k: first.get(k) for k in MODEL_KEYS if k in first},
+                    "repeats": len(rs), "starved": sum(1 for r in rs if r.get("starved")),
+                    "tok_s": _spread([r["throughput_tok_s"] for r in rs]),
+                    "vs_ar": _spread(vs_ar), "below_ar": sum(1 for x in vs_ar if x < 1.0),
+                    "vs_ar_1": _spread(vs_ar_1)})
+    return out
+
+
+def _cell(s: dict | None, unit: str = "×", spec: str = ".2f") -> str:
+    if s is None:
+        return "-"
+    if s["n"] == 1:
+        return f"{s['median']:{spec}}{unit}"
+    return f"{s['median']:{spec}}{unit} [{s['min']:{spec}}–{s['max']:{spec}}]"
+
+
+def table(entries: Sequence[dict], label) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """report.md's paired table: header and rows (`label(entry)` names the config)."""
+    header = ("N", "method", "T", "repeats", "tok/s median [min–max]", "vs AR at this N", "below AR",
+              "vs AR at N=1")
+    rows = [(str(e["concurrency"]), label(e), f"{e['temperature']:g}",
+             str(e["repeats"]) + (f" ({e['starved']} starved)" if e["starved"] else ""),
+             _cell(e["tok_s"], "", ".1f"), _cell(e["vs_ar"]) if e["method"] != BASELINE else "(base)",
+             f"{e['below_ar']}/{e['vs_ar']['n']}" if e["vs_ar"] else "-", _cell(e["vs_ar_1"]))
+            for e in entries]
+    return header, rows
