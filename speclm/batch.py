@@ -34,7 +34,6 @@ from .speculative.loop import Generation, distributions
 from .speculative.proposers.base import Draft
 
 PREFILL_CHUNK = 256  # prompt tokens per step while other requests decode
-SPLIT_GAIN = 0.9  # a step runs as several forwards only when priced >= 10 % cheaper (the curve is noisy)
 
 
 @dataclass
@@ -54,7 +53,8 @@ def _expected(gen: Generation, d: Draft) -> float:
     return expected_for(len(d)) if expected_for else 1.0 + 0.5 * len(d)
 
 
-def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFILL_CHUNK) -> list[Slot]:
+def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFILL_CHUNK,
+              split: bool = False) -> list[Slot]:
     """Each request's part of the next forward (decoding requests first, then prefill
     chunks), at most `capacity` tokens in all. A request whose plan fails or which
     finished without a forward (context full) gets a slot with no tokens.
@@ -65,7 +65,8 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
     expected yield counts each prompt row as one unit of work done, like an emitted
     token: both are rows the workload needs, so a drafted row beside a prefill chunk
     must yield as much as the prompt row it delays (uncounted, a chunk would only
-    make the step look slow, and drafting beside it look cheap)."""
+    make the step look slow, and drafting beside it look cheap). split: run_step
+    may run the step as several forwards (a `costs` curve given), so K is priced so."""
     slots, decoding, prefilling = [], [], []
     for gen in gens:
         try:
@@ -84,7 +85,7 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
                 rest = decoding[i + 1:]
                 others = {**planned, **{g.seq: 1 for g in rest},
                           **{g.seq: len(c) for g, c in zip(prefilling, chunks) if c}}
-                share(others, expected + len(rest), gen.seq)
+                share(others, expected + len(rest), gen.seq, split)
             d = gen.plan()
         except Exception as exc:  # noqa: BLE001
             slots.append(Slot(gen, [], error=exc))
@@ -120,29 +121,13 @@ def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, pr
 
 def forwards(target: Backend, work: list[Slot], costs: CostModel | None) -> list[list[Slot]]:
     """The forwards a step runs: one over every slot, unless `costs` (the target's
-    measured v(rows)) prices a split into 2–4 forwards, each a contiguous run of the
-    backend's batch order with about equal rows, at least SPLIT_GAIN cheaper. The
-    curve need not be convex: on a Zen 3 eight one-token blocks cost 314 ms as one
-    forward and 254 ms as two forwards of four."""
+    measured v(rows)) prices a split cheaper (CostModel.groups: 2–4 contiguous runs
+    of the backend's batch order with about equal rows)."""
     if costs is None or len(work) < 2:
         return [work]
     by_seq = {s.gen.seq: s for s in work}
-    ordered = [by_seq[seq] for seq in target.batch_order(list(by_seq))]
-
-    def price(groups: list[list[Slot]]) -> float:
-        return sum(costs.step({s.gen.seq: len(s.tokens) for s in g}) for g in groups)
-
-    best, best_ms = [ordered], price([ordered])
-    total = sum(len(s.tokens) for s in ordered)
-    for n in range(2, min(4, len(ordered)) + 1):
-        groups: list[list[Slot]] = [[]]
-        for s in ordered:
-            if groups[-1] and len(groups) < n and sum(len(x.tokens) for x in groups[-1]) >= total / n:
-                groups.append([])
-            groups[-1].append(s)
-        if len(groups) == n and (ms := price(groups)) < SPLIT_GAIN * best_ms:
-            best, best_ms = groups, ms
-    return best
+    blocks = {seq: len(by_seq[seq].tokens) for seq in target.batch_order(list(by_seq))}
+    return [[by_seq[seq] for seq in g] for g in costs.groups(blocks)]
 
 
 def run_step(target: Backend, slots: list[Slot], costs: CostModel | None = None) -> None:

@@ -236,7 +236,8 @@ class Engine:
                 live.append((handle, gen))
         owner = {id(gen): handle for handle, gen in live}
         with self.llm.backend_lock:
-            slots = plan_step([gen for _, gen in live], self.llm.target.n_ctx, self.prefill_chunk)
+            slots = plan_step([gen for _, gen in live], self.llm.target.n_ctx, self.prefill_chunk,
+                              split=self.forward_costs is not None)
             run_step(self.llm.target, slots, self.forward_costs)
         for s in slots:
             if s.error is not None or s.finished:

@@ -247,7 +247,7 @@ def test_a_step_counts_prefill_chunk_rows_in_the_yield_its_decoders_plan_for():
         def __init__(self):
             self.shared = []
 
-        def share_step(self, blocks, expected, seq):
+        def share_step(self, blocks, expected, seq, split=False):
             self.shared.append((dict(blocks), expected))
 
         def choose(self, k_cap):
@@ -288,6 +288,27 @@ def test_a_step_runs_as_smaller_forwards_where_the_measured_curve_prices_them_ch
     assert sizes(16, ZEN3_CURVE) == [16]
     assert sizes(8, {1: 10.0, 16: 160.0}) == [8]
     assert [len(g) for g in forwards(ToyBackend(6, seed=4), slots(8), None)] == [8]
+
+
+def test_a_drafted_row_is_priced_in_the_forwards_the_step_will_run_as():
+    """Seven one-token blocks and a request choosing K: as one forward the curve makes
+    a draft look nearly free (v(9) − v(8) = 15 ms), but the step runs split, 2 v(4) =
+    260 ms, and a draft pushes it back to one forward of 345 ms: the engine that
+    splits must see that and decode plainly."""
+    from speclm.speculative.controller import CostModel, GoodputController
+    curve = {1: 60.0, 2: 100.0, 3: 115.0, 4: 130.0, 5: 200.0, 6: 260.0, 8: 330.0, 9: 345.0, 10: 360.0,
+             12: 380.0, 16: 436.0}
+    cost = CostModel(verify_ms=curve)
+    others = {i: 1 for i in range(7)}
+    assert cost.step({**others, 99: 1}, split=True) == 260.0 and cost.groups({**others, 99: 1}) == [
+        [0, 1, 2, 3], [4, 5, 6, 99]]
+    assert cost.step({**others, 99: 2}, split=True) == 345.0  # 5 + 4 rows = 330 is not 10 % cheaper
+    chosen = {}
+    for split in (False, True):
+        ctl = GoodputController(cost, k_max=3, alpha_prior=0.6, prior_weight=100)
+        ctl.share_step(others, 7.0, 99, split)
+        chosen[split] = ctl.choose(3)[0]
+    assert chosen == {False: 1, True: 0}
 
 
 def test_split_forwards_change_nothing_but_the_forwards():
