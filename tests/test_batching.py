@@ -300,9 +300,10 @@ def test_a_drafted_row_is_priced_in_the_forwards_the_step_will_run_as():
              12: 380.0, 16: 436.0}
     cost = CostModel(verify_ms=curve)
     others = {i: 1 for i in range(7)}
-    assert cost.step({**others, 99: 1}, split=True) == 260.0 and cost.groups({**others, 99: 1}) == [
-        [0, 1, 2, 3], [4, 5, 6, 99]]
-    assert cost.step({**others, 99: 2}, split=True) == 345.0  # 5 + 4 rows = 330 is not 10 % cheaper
+    assert cost.groups({**others, 99: 1}) == [[0, 1, 2, 3], [4, 5, 6, 99]]
+    price = cost.pricer(others, 99, split=True)
+    assert price(1) == 260.0 and price(2) == 345.0  # 4 + 5 rows = 330 is not 10 % cheaper than one forward
+    assert cost.pricer(others, 99)(1) == 330.0
     chosen = {}
     for split in (False, True):
         ctl = GoodputController(cost, k_max=3, alpha_prior=0.6, prior_weight=100)

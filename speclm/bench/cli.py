@@ -143,9 +143,8 @@ def resolve_args(args: argparse.Namespace) -> dict:
         raise InvalidRequestError(f"--concurrency values must be >= 1, got {v['concurrency']}")
     cfg = BenchConfig(methods=v["methods"], ks=v["k"], temperatures=v["temperature"],
                       max_new_tokens=v["max_new_tokens"], repeats=v["repeats"], seed=args.seed,
-                      concurrency=v["concurrency"],
-                      concurrency_repeats=v["concurrency_repeats"], ignore_eos=args.ignore_eos, base=spec_from_args(args),
-                      trust=trust_from_args(args))
+                      concurrency=v["concurrency"], concurrency_repeats=v["concurrency_repeats"],
+                      ignore_eos=args.ignore_eos, base=spec_from_args(args), trust=trust_from_args(args))
     for method, k in cfg.configs():  # fail before loading any model
         method.spec(k)
     for t in cfg.temperatures:

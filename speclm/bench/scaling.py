@@ -32,7 +32,7 @@ def _spread(xs: Sequence[float]) -> dict | None:
 
 
 def paired(rows: Sequence[dict]) -> list[dict]:
-    """One entry per (T, N, config, models), in first-run order (see the module doc)."""
+    """One entry per (T, N, config, models): by T and N, AR first, then in run order (see the module doc)."""
     ar = {(r["temperature"], r.get("repeat", 0), r["concurrency"], r.get("target")): r
           for r in rows if r["method"] == BASELINE}
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -57,7 +57,7 @@ def paired(rows: Sequence[dict]) -> list[dict]:
                     "tok_s": _spread([r["throughput_tok_s"] for r in rs]),
                     "vs_ar": _spread(vs_ar), "below_ar": sum(1 for x in vs_ar if x < 1.0),
                     "vs_ar_1": _spread(vs_ar_1)})
-    return out
+    return sorted(out, key=lambda e: (e["temperature"], e["concurrency"], e["method"] != BASELINE))
 
 
 def _cell(s: dict | None, unit: str = "×", spec: str = ".2f") -> str:

@@ -53,7 +53,7 @@ class CostModel:
     A forward shared by several requests costs the sum of the passes the backend
     splits it into (`passes`, the target's `Backend.pass_rows`). A batching engine
     may run a step as a few smaller forwards where the curve prices them cheaper
-    (`groups`); `step(blocks, split=True)` prices the step as it will run.
+    (`groups`); `pricer` prices one sequence's block in such a step.
     """
 
     verify_ms: dict[int, float] = field(default_factory=dict)
@@ -87,11 +87,8 @@ class CostModel:
         slope = (self.verify_ms[b] - self.verify_ms[a]) / (b - a)
         return max(1e-3, self.verify_ms[a] + slope * (block - a))
 
-    def step(self, blocks: dict[int, int], split: bool = False) -> float:
-        """ms of one forward scoring blocks[seq] tokens of each sequence; with split,
-        of the forwards `groups` runs the step as."""
-        if split:
-            return sum(self.step({s: blocks[s] for s in g}) for g in self.groups(blocks))
+    def step(self, blocks: dict[int, int]) -> float:
+        """ms of one forward scoring blocks[seq] tokens of each sequence."""
         rows = self.passes(blocks) if self.passes else [sum(blocks.values())]
         return sum(self.verify(r) for r in rows)
 
@@ -125,10 +122,27 @@ class CostModel:
             self.draft_ms_per_token += self.weight * (per_token - self.draft_ms_per_token)
         self.other_ms += self.weight * (rec.other_ms - self.other_ms)
 
-    def round_ms(self, k: int, others: dict[int, int] | None = None, seq: int = -1, split: bool = False) -> float:
-        """ms of a round of sequence `seq` drafting k, when other sequences' blocks
-        (`others`) ride in the same step (split: as the forwards `groups` runs it as)."""
-        return self.draft_ms_per_token * k + self.step({**(others or {}), seq: k + 1}, split) + self.other_ms
+    def pricer(self, others: dict[int, int], seq: int, split: bool = False) -> Callable[[int], float]:
+        """ms of the step as a function of the block b of sequence `seq` when the other
+        sequences' blocks (`others`) ride in the same step, remembered per b (a
+        controller prices up to K_max + 1 blocks every round). With split, the step
+        runs either as one forward or as `groups` splits it with seq's block at one
+        row, seq's own group then holding b rows; re-grouping for every b would
+        cost ~40 ms of Python a step at 16 requests (measured), a tenth of the step."""
+        memo: dict[int, float] = {}
+        groups = self.groups({**others, seq: 1}) if split and others else None
+        mine = next((g for g in groups if seq in g), None) if groups and len(groups) > 1 else None
+        fixed = sum(self.step({s: others[s] for s in g}) for g in groups if g is not mine) if mine else 0.0
+
+        def price(b: int) -> float:
+            if b not in memo:
+                one = self.step({**others, seq: b})
+                if mine is not None:
+                    parts = fixed + self.step({s: (b if s == seq else others[s]) for s in mine})
+                    one = parts if parts < SPLIT_GAIN * one else one
+                memo[b] = one
+            return memo[b]
+        return price
 
 
 def calibrate(target: Backend, draft: Backend | None, max_block: int, repeats: int = 2) -> CostModel:
@@ -243,7 +257,7 @@ class GoodputController:
         self.per_position = per_position  # True: drafts carry estimates, choose_prefix() cuts them
         self.shared_blocks: dict[int, int] = {}  # other sequences' blocks in the same forward (share_step)
         self.shared_expected, self.seq = 0.0, -1
-        self.split_steps = False  # the engine may run a shared step as several forwards (CostModel.groups)
+        self.step_ms: Callable[[int], float] = lambda b: cost.step({-1: b})  # ms of the next step given my block
         self.planned_expected = 1.0  # E[tokens] of the round last planned (for the step's other requests)
         self._predicted: list[tuple[float, int]] = []  # (raw estimate, group) of the positions verified
         self.prefix_note: str | None = None
@@ -269,10 +283,11 @@ class GoodputController:
         split: the engine runs the step as the forwards CostModel.groups picks, so
         the step is priced that way (a drafted row can move where the split falls)."""
         self.shared_blocks, self.shared_expected, self.seq = dict(blocks), expected, seq
-        self.split_steps = split
+        self.step_ms = self.cost.pricer(self.shared_blocks, seq, split)
 
     def _step_rate(self, emitted: float, k: int) -> float:
-        return (self.shared_expected + emitted) / self.cost.round_ms(k, self.shared_blocks, self.seq, self.split_steps)
+        return (self.shared_expected + emitted) / (self.cost.draft_ms_per_token * k + self.step_ms(k + 1)
+                                                   + self.cost.other_ms)
 
     def rate(self, k: int) -> float:
         """Expected emitted tokens per ms of the step when drafting k."""
@@ -343,9 +358,7 @@ class GoodputController:
         groups = [match_group(match_len + j if match_len else None) for j in range(len(conf))]
         cal = [self.calibration(c, g) for c, g in zip(conf, groups)]
         exp = expected_tokens(cal)
-        blocks = self.shared_blocks
-        rates = [(self.shared_expected + exp[m]) / (self.cost.step({**blocks, self.seq: m + 1}, self.split_steps)
-                                                     + self.cost.other_ms) for m in range(len(exp))]
+        rates = [(self.shared_expected + exp[m]) / (self.step_ms(m + 1) + self.cost.other_ms) for m in range(len(exp))]
         best = max(range(len(rates)), key=rates.__getitem__)
         note = f"K={best} of {len(cal)} drafted: E={exp[best]:.2f} tokens, est {rates[best] / rates[0]:.2f}x of K=0"
         if probe := self._probe(best, len(cal)):
