@@ -462,11 +462,11 @@ def test_paired_concurrency_ratios_match_rows_of_the_same_repeat_and_target():
             row(0, 16, "ar", 99, "b"), row(0, 16, "auto", 33, "b")]
     by = {(e["concurrency"], e["method"], e["target"]): e for e in paired(rows)}
     auto = by[16, "auto", "a"]
-    assert (auto["vs_ar"]["min"], auto["vs_ar"]["median"], auto["vs_ar"]["max"]) == pytest.approx((0.9, 1.075, 1.25))
+    assert (auto["vs_ar"]["min"], auto["vs_ar"]["p50"], auto["vs_ar"]["max"]) == pytest.approx((0.9, 1.075, 1.25))
     assert auto["below_ar"] == 1 and auto["vs_ar_1"]["min"] == pytest.approx(1.8)
     assert auto["vs_ar_1"]["max"] == pytest.approx(2.5)
-    assert by[16, "ar", "a"]["vs_ar_1"]["median"] == pytest.approx(2.0)
-    assert by[16, "auto", "b"]["vs_ar"]["median"] == pytest.approx(33 / 99) and by[16, "auto", "b"]["vs_ar_1"] is None
+    assert by[16, "ar", "a"]["vs_ar_1"]["p50"] == pytest.approx(2.0)
+    assert by[16, "auto", "b"]["vs_ar"]["p50"] == pytest.approx(33 / 99) and by[16, "auto", "b"]["vs_ar_1"] is None
 
 
 def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own():

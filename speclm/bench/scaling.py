@@ -4,7 +4,7 @@ The machine's speed drifts (±15–20 % within an hour on the shared 2-core host
 ratio of two rows is trusted only when the rows ran next to each other. For every
 (T, N, config) this gives, over the R repeats:
 
-- tok_s        the row's throughput: median [min–max];
+- tok_s        the row's throughput: p50 (median) [min–max];
 - vs_ar        its throughput / AR's at the same N in the same repeat (the rows run
                back to back, their order flipping between repeats): median [min–max],
                and in how many repeats it was below 1;
@@ -20,15 +20,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from statistics import median
 
+from .distributions import distribution
 from .methods import BASELINE
 
 MODEL_KEYS = ("target", "draft", "target_name", "draft_name")
 
 
 def _spread(xs: Sequence[float]) -> dict | None:
-    return {"median": median(xs), "min": min(xs), "max": max(xs), "n": len(xs)} if xs else None
+    """The bench's distribution of xs (p50 = median), None for no values."""
+    return distribution(xs) if xs else None
 
 
 def paired(rows: Sequence[dict]) -> list[dict]:
@@ -64,8 +65,8 @@ def _cell(s: dict | None, unit: str = "×", spec: str = ".2f") -> str:
     if s is None:
         return "-"
     if s["n"] == 1:
-        return f"{s['median']:{spec}}{unit}"
-    return f"{s['median']:{spec}}{unit} [{s['min']:{spec}}–{s['max']:{spec}}]"
+        return f"{s['p50']:{spec}}{unit}"
+    return f"{s['p50']:{spec}}{unit} [{s['min']:{spec}}–{s['max']:{spec}}]"
 
 
 def table(entries: Sequence[dict], label) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:

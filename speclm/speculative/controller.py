@@ -256,7 +256,7 @@ class GoodputController:
         self.calibration = calibration if calibration is not None else Calibration()
         self.per_position = per_position  # True: drafts carry estimates, choose_prefix() cuts them
         self.shared_blocks: dict[int, int] = {}  # other sequences' blocks in the same forward (share_step)
-        self.shared_expected, self.seq = 0.0, -1
+        self.shared_expected = 0.0
         self.step_ms: Callable[[int], float] = lambda b: cost.step({-1: b})  # ms of the next step given my block
         self.planned_expected = 1.0  # E[tokens] of the round last planned (for the step's other requests)
         self._predicted: list[tuple[float, int]] = []  # (raw estimate, group) of the positions verified
@@ -282,7 +282,7 @@ class GoodputController:
         than the others would cost a pass of its own that its tokens do not pay for.
         split: the engine runs the step as the forwards CostModel.groups picks, so
         the step is priced that way (a drafted row can move where the split falls)."""
-        self.shared_blocks, self.shared_expected, self.seq = dict(blocks), expected, seq
+        self.shared_blocks, self.shared_expected = dict(blocks), expected
         self.step_ms = self.cost.pricer(self.shared_blocks, seq, split)
 
     def _step_rate(self, emitted: float, k: int) -> float:
