@@ -23,6 +23,7 @@ from .backends.base import Backend
 from .backends.load import check_tokenizers, load_backend  # noqa: F401  (public here too)
 from .errors import InvalidRequestError
 from .metrics import GenerationResult
+from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
 from .speculative.config import MAX_K, SpecConfig  # noqa: F401  (public here)
 from .speculative.controller import Calibration, CostModel, calibrate
@@ -36,10 +37,13 @@ class LLM:
 
     def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
                  n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2,
-                 speculator=None, suffix_cache_tokens: int = 100_000, heads=None):
+                 speculator=None, suffix_cache_tokens: int = 100_000, heads=None,
+                 prefix_cache_tokens: int = 0):
         """n_ctx: tokens per sequence; max_sequences: requests in flight at once;
         speculator: a SpeculatorConfig for method ssd (None: defaults);
         suffix_cache_tokens: bound of each suffix cache of earlier outputs (0: none);
+        prefix_cache_tokens: bound of the finished requests' KV copies a later prompt with
+        the same start reuses (0: off, so each request's numerics are its own);
         heads: MedusaHeads for method medusa (None: loaded from the heads file on first use)."""
         from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
         self._n_ctx, self._n_threads, self._max_seqs = n_ctx, n_threads, max_sequences
@@ -52,6 +56,10 @@ class LLM:
         SuffixCache(suffix_cache_tokens)  # validate now, not at the first suffix request
         self._suffix_tokens = suffix_cache_tokens
         self._suffix_caches: dict[str | None, SuffixCache] = {}
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        if self.prefix_cache is not None and not self.target.can_copy_kv:
+            raise InvalidRequestError(f"{self.target.name} cannot copy KV, so it has no prefix cache: "
+                                      f"pass prefix_cache_tokens=0 (--prefix-cache-tokens 0)")
         self._cache_lock = threading.Lock()
         self._speculator_cfg = speculator
         self._heads: dict[str | None, object] = {} if heads is None else {None: heads}  # heads file -> MedusaHeads
@@ -110,6 +118,14 @@ class LLM:
             cache = self._suffix_caches.get(scope)
         if cache is not None:
             cache.clear()
+
+    def prefix_cache_stats(self) -> dict[str | None, dict]:
+        """PrefixCache.stats() per scope ({} when the prefix cache is off)."""
+        return self.prefix_cache.stats() if self.prefix_cache is not None else {}
+
+    def clear_prefix_cache(self, scope: str | None = None) -> int:
+        """Forget the KV copies kept for `scope`; returns how many there were."""
+        return self.prefix_cache.clear(scope) if self.prefix_cache is not None else 0
 
     def medusa_heads(self, spec: SpecConfig):
         """(MedusaHeads, OnlineLearner or None) for a medusa request: the heads file's
@@ -200,7 +216,8 @@ class LLM:
         proposer = PROPOSALS[proposal].make(self, spec, controller) if proposal is not None else None
         return Generation(self.target, proposer, prompt_ids, params, spec.effective_k,
                           method=spec.method, on_text=on_text, controller=controller,
-                          threads=method.threads(self, spec))
+                          threads=method.threads(self, spec), prefix_cache=self.prefix_cache,
+                          cache_scope=spec.cache_scope)
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Token ids for a text prompt (or a sequence of ids, passed through)."""

@@ -158,6 +158,7 @@ class GenerationResult:
     summary: Summary | None = None
     target: str = ""
     draft: str | None = None
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
     def to_dict(self) -> dict:
         return {
@@ -165,6 +166,7 @@ class GenerationResult:
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "method": self.method,
             "k": self.k,
             "target": self.target,

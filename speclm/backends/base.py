@@ -14,6 +14,8 @@ Contracts:
   forward over all sequences (same results up to batch numerics).
 - `rollback(seq, n)` keeps the first n tokens; O(1) bookkeeping, no recompute.
 - `fork(seq)` returns a new sequence sharing seq's tokens (KV copied/shared).
+- `save_sequence(seq)` copies seq's KV out of the backend; `load_sequence(seq,
+  state, tokens)` puts such a copy into an empty sequence (prefix_cache.py).
 - `enable_hidden()` (optional) makes every later forward also keep each row's
   final hidden state (the vector the output head multiplies); `hidden_states(seq)`
   returns those of seq's latest forward that are still in its KV.
@@ -144,6 +146,16 @@ class Backend(ABC):
 
     @abstractmethod
     def free(self, seq: int) -> None: ...
+
+    can_copy_kv = False  # save_sequence / load_sequence work (the prefix cache needs them)
+
+    def save_sequence(self, seq: int) -> tuple[object, int]:
+        """(a copy of seq's KV, the bytes it takes) for load_sequence."""
+        raise InvalidRequestError(f"{self.name} cannot copy its KV out: turn the prefix cache off")
+
+    def load_sequence(self, seq: int, state: object, tokens: list[int]) -> None:
+        """Make the empty sequence seq hold `tokens`, from save_sequence's copy of them."""
+        raise InvalidRequestError(f"{self.name} cannot copy KV in: turn the prefix cache off")
 
     @abstractmethod
     def tokens(self, seq: int) -> list[int]:

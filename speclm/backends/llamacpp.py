@@ -366,6 +366,25 @@ class LlamaCppBackend(Backend):
                 stream = top
             self._free_ids.append(stream)
 
+    can_copy_kv = True
+
+    def save_sequence(self, seq: int) -> tuple[object, int]:
+        """llama.cpp's serialised KV of seq's stream (host memory, ~28 KB a token on the 1.5B)."""
+        stream = self._stream[seq]
+        size = L.llama_state_seq_get_size(self._ctx, stream)
+        buf = (ctypes.c_uint8 * size)()
+        if L.llama_state_seq_get_data(self._ctx, buf, size, stream) != size:
+            raise BackendError(f"llama.cpp could not copy out the KV of a {len(self._held[seq])}-token sequence")
+        return buf, size
+
+    def load_sequence(self, seq: int, state: object, tokens: list[int]) -> None:
+        if self._held[seq]:
+            raise BackendError("load_sequence needs an empty sequence")
+        if L.llama_state_seq_set_data(self._ctx, state, len(state), self._stream[seq]) == 0:
+            L.llama_memory_seq_rm(self._mem, self._stream[seq], 0, -1)
+            raise BackendError(f"llama.cpp could not restore a {len(tokens)}-token KV copy: {_last_error()}")
+        self._held[seq] = [int(t) for t in tokens]
+
     def tokens(self, seq: int) -> list[int]:
         return list(self._held[seq])
 

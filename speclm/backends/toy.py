@@ -40,6 +40,7 @@ class ToyBackend(Backend):
         self._next_id = 0
         self._memo: dict[tuple[int, ...], np.ndarray] = {}  # logits per context key (pure function)
         self.forward_calls = 0  # how many block forwards ran (for tests)
+        self.scored_tokens = 0  # rows scored over all forwards (for tests: what prefill skipped)
 
     # ---- the model -----------------------------------------------------
     def logits_for(self, context: list[int] | tuple[int, ...]) -> np.ndarray:
@@ -80,6 +81,7 @@ class ToyBackend(Backend):
         if len(held) + len(tokens) > self.n_ctx:
             raise ValueError("toy backend: context overflow")
         self.forward_calls += 1
+        self.scored_tokens += len(tokens)
         rows, hidden = [], []
         for t in tokens:
             held.append(int(t))
@@ -119,6 +121,15 @@ class ToyBackend(Backend):
         self._seqs.pop(seq, None)
         if self._hidden_rows is not None:
             self._hidden_rows.pop(seq, None)
+
+    can_copy_kv = True  # the toy's "KV" is its token list
+
+    def save_sequence(self, seq: int) -> tuple[object, int]:
+        return tuple(self._seqs[seq]), 4 * len(self._seqs[seq])
+
+    def load_sequence(self, seq: int, state: object, tokens: list[int]) -> None:
+        assert not self._seqs[seq] and list(state) == list(tokens)
+        self._seqs[seq] = list(state)
 
     def tokens(self, seq: int) -> list[int]:
         return list(self._seqs[seq])

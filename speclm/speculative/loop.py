@@ -115,13 +115,19 @@ class Generation:
     A batching scheduler drives the same round in halves around one shared
     forward: `begin()`, prefill `prefill_left` (then `prefilled(n)`), and per
     round `plan()` (draft) → its own scoring → `complete(p, ...)`.
+
+    `prefix_cache` (a PrefixCache), if given, fills the new sequence with the
+    longest KV copy of an earlier request in `cache_scope` that shares the
+    prompt's start (only the rest is prefilled), and `close()` adds ours to it.
     """
 
     def __init__(self, target: Backend, proposer: Proposer | None, prompt_ids: list[int],
                  params: SamplingParams, k: int, method: str = "sd",
                  on_text: Callable[[str], None] | None = None,
-                 eos_ids: frozenset[int] | None = None, controller=None, threads: int | None = None):
+                 eos_ids: frozenset[int] | None = None, controller=None, threads: int | None = None,
+                 prefix_cache=None, cache_scope: str | None = None):
         check_request(target, prompt_ids, k)
+        self.prefix_cache, self.cache_scope = prefix_cache, cache_scope
         self.threads = threads  # target compute threads for this request (None: the backend's)
         self.target, self.proposer, self.params, self.k = target, proposer, params, k
         self.method, self.on_text, self.controller = method, on_text, controller
@@ -136,6 +142,7 @@ class Generation:
         self.prefill_ms = 0.0
         self.ttft_ms: float | None = None
         self.kv_len = 0
+        self.cached_tokens = 0  # prompt tokens restored from the prefix cache, not prefilled
         self.t_begin = self.t_start
         self._round: tuple = ()
 
@@ -147,8 +154,11 @@ class Generation:
         """Take a KV sequence and let the proposer start; the prompt is not yet in the KV."""
         self.t_begin = time.perf_counter()  # a scheduler may start us later than t_start
         self.seq = self.target.new_sequence()
-        self.kv_len = 0  # prompt tokens (context[:-1] at the start) prefilled so far
+        self.kv_len = 0  # prompt tokens (context[:-1] at the start) in the KV so far
         self.prompt_end = len(self.context) - 1  # where prefill stops: later tokens enter the KV by rounds
+        if self.prefix_cache is not None:  # at least one row is still prefilled (hidden states need a forward)
+            self.kv_len = self.cached_tokens = self.prefix_cache.restore(
+                self.cache_scope, self.target, self.seq, self.context[:max(0, self.prompt_end - 1)])
         if self.proposer is not None and self.k > 0:
             self.proposer.attach(self.target, self.seq)
             self.proposer.begin(self.context, self.params)
@@ -254,6 +264,8 @@ class Generation:
     def close(self) -> None:
         """Free the KV sequence and the proposer; the result stays readable."""
         if self.seq is not None:
+            if self.prefix_cache is not None:
+                self.prefix_cache.keep(self.cache_scope, self.target, self.seq)
             self.target.free(self.seq)
             self.seq = None
         if self.proposer is not None:
@@ -269,7 +281,8 @@ class Generation:
             prompt_tokens=len(self.prompt_ids), method=self.method, k=self.k, rounds=list(self.rounds),
             summary=summarize(self.rounds, len(s.token_ids), wall_ms, self.ttft_ms, self.prefill_ms,
                               (self.t_begin - self.t_start) * 1000),
-            target=self.target.name, draft=None if self.proposer is None else self.proposer.name)
+            target=self.target.name, draft=None if self.proposer is None else self.proposer.name,
+            cached_prompt_tokens=self.cached_tokens)
 
 
 def generate(target: Backend, proposer: Proposer | None, prompt_ids: list[int],
