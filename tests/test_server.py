@@ -376,6 +376,32 @@ def test_each_api_key_drafts_only_from_its_own_outputs():
         assert scrape(url, Authorization="Bearer key-a")[("speclm_suffix_cache_requests", (("scope", "shared"),))] == 2
 
 
+def test_each_api_key_reuses_only_its_own_prompt_kv_and_usage_says_how_much():
+    """Prefix caching per tenant: key A's second prompt with the same start reuses A's
+    KV (usage.prompt_tokens_details.cached_tokens, as OpenAI reports it), key B's does
+    not (its time to first token would reveal A's prompt); the admin call clears it."""
+    llm = LLM(target=ToyBackend(26, seed=4, n_ctx=256), prefix_cache_tokens=1000)
+    req = dict(model="toy", max_tokens=5, temperature=0, extra_body={"speculative": {"method": "ar"}})
+    start = "abcdefghijklmnopqrst"
+
+    def cached(url: str, key: str, prompt: str) -> int:
+        usage = client(url, key).completions.create(prompt=prompt, **req).usage
+        return usage.prompt_tokens_details.cached_tokens
+
+    with live(create_app(llm, ServerConfig(model_id="toy", api_keys=("key-a", "key-b")))) as (url, _):
+        assert cached(url, "key-a", start + "uvw") == 0
+        assert cached(url, "key-b", start + "xyz") == 0  # A's KV is not B's
+        assert cached(url, "key-a", start + "xyz") == len(start)
+        m = scrape(url, Authorization="Bearer key-a")
+        a = (("scope", tenant_id("key-a")),)
+        assert m[("speclm_prefix_cache_hits_total", a)] == 1
+        assert m[("speclm_prefix_cache_reused_tokens_total", a)] == len(start)
+        assert m[("speclm_prefix_cache_entries", a)] == 2 and m[("speclm_prefix_cache_bytes", a)] > 0
+        r = httpx.post(url + "/admin/cache/clear", headers={"Authorization": "Bearer key-a"})
+        assert r.status_code == 200 and r.json()["prefix_cache"]["entries"] == 2
+        assert cached(url, "key-a", start + "xyz") == 0
+
+
 def test_api_keys_come_from_a_list_and_blank_keys_are_refused(monkeypatch):
     assert split_keys(" a, b,,c ") == ["a", "b", "c"] and split_keys(None) == []
     assert ServerConfig(api_key="a", api_keys=("b", "a")).keys == ("a", "b")

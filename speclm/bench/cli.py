@@ -28,6 +28,7 @@ from ..api import LLM
 from ..cli_options import add_spec_options, spec_from_args, speculator_config
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
+from ..prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
 from ..sampling import SamplingParams
 from .contamination import TrustPolicy, headline
 from .manifest import describe_model
@@ -98,6 +99,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
     b.add_argument("--n-ctx", type=int, default=4096, help="context per sequence (default 4096)")
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
+    b.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N",
+                   help="each arm's own cache of finished requests' KV, so a prompt that starts like an "
+                   f"earlier one prefills only the rest (default {PREFIX_CACHE_TOKENS} tokens, as `speclm "
+                   "serve`; 0: off, every prompt prefilled whole)")
     t = b.add_argument_group("contamination (requests starved of CPU by other processes)")
     t.add_argument("--min-cpu-share", type=float, default=0.6, metavar="F",
                    help="flag a request whose process CPU share (CPU s / wall s) is below F × the threads "
@@ -144,7 +149,10 @@ def resolve_args(args: argparse.Namespace) -> dict:
     cfg = BenchConfig(methods=v["methods"], ks=v["k"], temperatures=v["temperature"],
                       max_new_tokens=v["max_new_tokens"], repeats=v["repeats"], seed=args.seed,
                       concurrency=v["concurrency"], concurrency_repeats=v["concurrency_repeats"],
-                      ignore_eos=args.ignore_eos, base=spec_from_args(args), trust=trust_from_args(args))
+                      ignore_eos=args.ignore_eos, base=spec_from_args(args), trust=trust_from_args(args),
+                      prefix_cache_tokens=PREFIX_CACHE_TOKENS if getattr(args, "prefix_cache_tokens", None) is None
+                      else args.prefix_cache_tokens)
+    PrefixCache(cfg.prefix_cache_tokens)  # a bad size fails before any model loads
     for method, k in cfg.configs():  # fail before loading any model
         method.spec(k)
     for t in cfg.temperatures:

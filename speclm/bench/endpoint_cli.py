@@ -23,7 +23,7 @@ from .manifest import build_manifest
 from .workloads import prompt_set_hash
 
 NOT_WITH_ENDPOINT = ("target", "targets", "draft", "drafts", "methods", "k", "variant_quality",
-                     "concurrency_repeats")
+                     "concurrency_repeats", "prefix_cache_tokens")
 
 
 def add_endpoint_options(b: argparse.ArgumentParser) -> None:

@@ -27,7 +27,8 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
     counts = round_counts(result.rounds)
     acc = acceptance_from_counts(counts)
     wall = s.wall_ms
-    return {**meta, "prompt_tokens": result.prompt_tokens, "output_tokens": s.output_tokens,
+    return {**meta, "prompt_tokens": result.prompt_tokens, "cached_prompt_tokens": result.cached_prompt_tokens,
+            "output_tokens": s.output_tokens,
             "finish_reason": result.finish_reason, "wall_ms": wall, "ttft_ms": s.ttft_ms,
             "tpot_ms": s.tpot_ms, "tokens_per_s": s.tokens_per_s,
             "accepted_progress_per_ms": s.accepted_progress_per_ms, **counts, **acc,
@@ -83,7 +84,7 @@ def timed(arm, ids: list[int], params: SamplingParams, head: dict, threads: int 
           policy: TrustPolicy, cores: int) -> tuple[dict, GenerationResult]:
     """One request with its record, CPU share and starvation verdict (contamination.py)."""
     c0, w0 = contamination.cpu_clock(), time.perf_counter()
-    result = arm.method.generate(arm.llm, ids, params, arm.method.spec(arm.k))
+    result = arm.method.generate(arm.llm, ids, params, arm.spec())
     cpu_s, wall_s = contamination.cpu_clock() - c0, time.perf_counter() - w0
     rec = request_record(result, head)
     rec.update(cpu_s=cpu_s, cpu_share=cpu_s / wall_s if wall_s > 0 else None, threads=threads,

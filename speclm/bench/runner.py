@@ -41,6 +41,7 @@ from ..api import LLM, SpecConfig
 from ..engine import Engine
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
+from ..prefix_cache import PREFIX_CACHE_TOKENS
 from ..sampling import SamplingParams
 from ..speculative.identity import compare_greedy
 from . import contamination
@@ -68,6 +69,7 @@ class BenchConfig:
     concurrency: list[int] = field(default_factory=list)
     concurrency_repeats: int = 1  # passes over every concurrency row, AR and methods alternating who runs first
     ignore_eos: bool = False
+    prefix_cache_tokens: int = PREFIX_CACHE_TOKENS  # each arm's own prompt KV cache (run_sweep's LLMs)
     base: SpecConfig = field(default_factory=SpecConfig)  # the settings no sweep dimension sets
     trust: TrustPolicy = field(default_factory=TrustPolicy)  # contamination check and quiet wait
     observed: TrustLog = field(default_factory=TrustLog, compare=False)  # what they saw (all runs of it)
@@ -84,6 +86,7 @@ class BenchConfig:
                 "max_new_tokens": self.max_new_tokens, "repeats": self.repeats, "seed": self.seed,
                 "concurrency": self.concurrency,
                 "concurrency_repeats": self.concurrency_repeats, "ignore_eos": self.ignore_eos,
+                "prefix_cache_tokens": self.prefix_cache_tokens,
                 "base_spec": asdict(self.base),
                 "contamination": {**self.trust.to_dict(), "observed": self.observed.to_dict()}}
 
@@ -91,12 +94,18 @@ class BenchConfig:
 @dataclass(frozen=True)
 class Arm:
     """One timed configuration: `method` at draft length `k` run on `llm`. `meta` is
-    merged into each of its records (a variant sweep names the draft there)."""
+    merged into each of its records (a variant sweep names the draft there). `scope`
+    keeps what the arm's requests leave behind (suffix cache, prompt KV copies) its own:
+    AR and a method run the same prompt back to back, and neither may find the other's."""
 
     method: BenchMethod
     k: int
     llm: LLM
     meta: dict = field(default_factory=dict)
+    scope: str | None = None
+
+    def spec(self) -> SpecConfig:
+        return dataclasses.replace(self.method.spec(self.k), cache_scope=self.scope)
 
 
 def make_arms(cfg: BenchConfig, llm: LLM, drafts: dict[str, tuple[LLM, dict]] | None = None) -> list[Arm]:
@@ -108,7 +117,7 @@ def make_arms(cfg: BenchConfig, llm: LLM, drafts: dict[str, tuple[LLM, dict]] | 
             arms.extend(Arm(method, k, d_llm, meta) for d_llm, meta in drafts.values())
         else:
             arms.append(Arm(method, k, llm))
-    return arms
+    return [dataclasses.replace(arm, scope=f"bench-arm{i}") for i, arm in enumerate(arms)]
 
 
 @dataclass
@@ -349,9 +358,9 @@ def _concurrency_row(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: B
                      n: int, temp: float, rep: int, meta: dict | None, sink: TraceSink | None) -> dict:
     """One pass of every prompt through an Engine with `n` clients (run_concurrency)."""
     method, k, max_new = arm.method, arm.k, cfg.max_new_tokens[0]
-    spec = method.spec(k)
-    if learns_across_requests(arm):  # its own cache: the sequential part's or another row's would replay
-        spec = dataclasses.replace(spec, cache_scope=f"bench-concurrency-arm{a}-{n}-T{temp:g}-r{rep}")
+    # its own caches: the sequential part's or another row's outputs (suffix cache) and prompts
+    # (prompt KV copies) would replay, for AR too
+    spec = dataclasses.replace(method.spec(k), cache_scope=f"bench-concurrency-arm{a}-{n}-T{temp:g}-r{rep}")
     engine = Engine(arm.llm, max_concurrency=n, max_queue=len(encoded) + n)
     jobs = [(ids, _params(cfg, temp, max_new, cfg.seed + i)) for i, ids in enumerate(encoded)]
     submitted = [0.0] * len(jobs)

@@ -166,8 +166,9 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
                 ref = ref or q
                 described[name] = describe_model(name, tb) or {}
                 entry = _model_entry(described[name], q)
-                llm = LLM(target=tb)  # wraps the loaded backends: loads nothing
-                d_llms = {d: (LLM(target=tb, draft=be, speculator=speculator),
+                kv = cfg.prefix_cache_tokens
+                llm = LLM(target=tb, prefix_cache_tokens=kv)  # wraps the loaded backends: loads nothing
+                d_llms = {d: (LLM(target=tb, draft=be, speculator=speculator, prefix_cache_tokens=kv),
                               {"draft_name": d, "draft_sha256": e["sha256"]})
                           for d, (be, e) in drafts.items()}
                 run = run_bench(llm, prompts, cfg, sink, bars.on_request, bars.on_concurrency,

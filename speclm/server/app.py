@@ -129,7 +129,8 @@ class ServerState:
         self.model_id = config.model_id or Path(llm.target.name).stem
         self.engine = Engine(llm, config.max_concurrency, config.max_queue)
         self.tenants = Tenants(config.keys, config.share_cache)
-        self.metrics = ServerMetrics(lambda: self.engine.load, llm.speculator_state, llm.suffix_cache_stats)
+        self.metrics = ServerMetrics(lambda: self.engine.load, llm.speculator_state, llm.suffix_cache_stats,
+                                     llm.prefix_cache_stats)
         self.created = int(time.time())
         self.closing = False
         self._accounting: set[asyncio.Task] = set()
@@ -230,15 +231,18 @@ class ServerState:
         yield _sse("[DONE]")
 
     def clear_cache(self, tenant: str | None) -> dict:
-        """Forget what speculation learnt for `tenant` (its suffix cache and adapted
-        heads; with share_cache, everyone's); returns what the cache held."""
+        """Forget what was kept for `tenant` (its suffix cache, adapted heads and
+        prompt KV copies; with share_cache, everyone's); returns what the caches held."""
         scope = self.tenants.scope_of(tenant)
         held = self.llm.suffix_cache_stats().get(scope, {})
+        kv = self.llm.prefix_cache_stats().get(scope, {})
         self.llm.clear_suffix_cache(scope)
         self.llm.clear_heads(scope)
+        self.llm.clear_prefix_cache(scope)
         return {"object": "cache.cleared", "scope": "shared" if scope is None else scope,
                 "suffix_cache": {"requests": held.get("cached_requests", 0),
-                                 "tokens": held.get("cached_tokens", 0)}}
+                                 "tokens": held.get("cached_tokens", 0)},
+                "prefix_cache": {"entries": kv.get("entries", 0), "tokens": kv.get("tokens", 0)}}
 
     def account(self, handle: RequestHandle) -> None:
         """Add the request's result to the metrics once it has one (call once per request)."""

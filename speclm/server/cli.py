@@ -4,7 +4,7 @@ Safe by default: binds 127.0.0.1 unless --host is given; the SPECLM_API_KEY
 environment variable (or --api-key, which every local user can read in `ps`)
 makes /v1/*, /admin/* and /metrics require `Authorization: Bearer KEY`. Several
 keys (comma-separated, or --api-key repeated) are several tenants, each with
-its own suffix cache unless --share-suffix-cache. Slow clients are
+its own suffix cache and prompt KV cache unless --share-suffix-cache. Slow clients are
 bounded: a body must arrive within --body-timeout (408), idle keep-alive
 connections close after --keep-alive-timeout, and beyond --max-connections
 uvicorn answers 503. Ctrl-C / SIGTERM cancels in-flight requests (streams end
@@ -26,6 +26,7 @@ from fastapi import FastAPI
 
 from ..api import LLM
 from ..errors import InvalidRequestError
+from ..prefix_cache import PREFIX_CACHE_TOKENS
 from ..cli_options import add_spec_options, draft_for, spec_from_args, speculator_config
 from .app import ServerConfig, create_app
 from .tenants import split_keys
@@ -50,8 +51,8 @@ def add_serve_parser(subparsers) -> None:
                    "SPECLM_API_KEY=KEY[,KEY...] in the environment: a flag is visible to every local user in "
                    "`ps` (default: $SPECLM_API_KEY, else none)")
     s.add_argument("--share-suffix-cache", action="store_true", help="let every API key draft from one "
-                   "suffix cache (faster for related tenants, but acceptance timing then leaks one "
-                   "tenant's outputs to another)")
+                   "suffix cache and reuse one prompt KV cache (faster for related tenants, but acceptance "
+                   "timing and time to first token then leak one tenant's outputs and prompts to another)")
     s.add_argument("--max-concurrency", type=int, default=4, help="requests generating at once")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond that (then 429)")
     s.add_argument("--max-tokens-limit", type=int, default=4096, help="largest max_tokens accepted")
@@ -67,6 +68,10 @@ def add_serve_parser(subparsers) -> None:
     s.add_argument("--model-id", default=None, help="the id clients pass as `model` "
                    "(default: the target's name)")
     s.add_argument("--n-ctx", type=int, default=4096, help="context length per sequence")
+    s.add_argument("--prefix-cache-tokens", type=int, default=PREFIX_CACHE_TOKENS, metavar="N",
+                   help="keep finished requests' KV (prompt and output, host memory) up to N tokens in all, "
+                   "so a prompt that starts like an earlier one of the same API key prefills only the rest "
+                   f"(default {PREFIX_CACHE_TOKENS}, ~28 KB a token on the default target; 0: off)")
     s.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     add_spec_options(s)  # the defaults for requests that do not set `speculative`
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -86,7 +91,8 @@ def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
     """Load the models (and warm them up) and build the app; the caller closes the LLM."""
     spec = spec_from_args(args)
     llm = LLM(target=args.target, draft=draft_for(args, spec), n_ctx=args.n_ctx, n_threads=args.threads,
-              max_sequences=args.max_concurrency, speculator=speculator_config(args))
+              max_sequences=args.max_concurrency, speculator=speculator_config(args),
+              prefix_cache_tokens=args.prefix_cache_tokens)
     try:
         config = ServerConfig(
             model_id=_model_id(args), max_tokens_limit=args.max_tokens_limit,

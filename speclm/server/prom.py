@@ -55,11 +55,35 @@ class _SpeculatorCollector:
         return up, restarts
 
 
-class _SuffixCacheCollector:
-    """The suffix caches' sizes and hit counts, read at each scrape."""
+class _ScopeCollector:
+    """Per-scope cache figures (`stats()`: {scope: {field: value}}), one labelled
+    sample per scope and family, read at each scrape."""
 
     def __init__(self, stats: Callable[[], dict[str | None, dict]]):
         self.stats = stats
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _row(st: dict) -> dict:
+        return st
+
+    def describe(self):
+        return list(self._families().values())
+
+    def collect(self):
+        families = self._families()
+        for scope, st in sorted(self.stats().items(), key=lambda kv: kv[0] or ""):
+            st = self._row(st)
+            for name, family in families.items():
+                family.add_metric(["shared" if scope is None else scope], float(st[name]))
+        return list(families.values())
+
+
+class _SuffixCacheCollector(_ScopeCollector):
+    """The suffix caches' sizes and hit counts."""
 
     @staticmethod
     def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
@@ -75,30 +99,41 @@ class _SuffixCacheCollector:
                 "hit_rate": g("speclm_suffix_cache_hit_rate", "hits / lookups since the cache was last cleared",
                               labels=s)}
 
-    def describe(self):
-        return list(self._families().values())
+    @staticmethod
+    def _row(st: dict) -> dict:
+        return dict(st, hit_rate=st["hits"] / st["lookups"] if st["lookups"] else 0.0)
 
-    def collect(self):
-        families = self._families()
-        for scope, st in sorted(self.stats().items(), key=lambda kv: kv[0] or ""):
-            label = ["shared" if scope is None else scope]
-            st = dict(st, hit_rate=st["hits"] / st["lookups"] if st["lookups"] else 0.0)
-            for name, family in families.items():
-                family.add_metric(label, float(st[name]))
-        return list(families.values())
+
+class _PrefixCacheCollector(_ScopeCollector):
+    """The prompt KV caches' sizes and reuse counts."""
+
+    @staticmethod
+    def _families() -> dict[str, GaugeMetricFamily | CounterMetricFamily]:
+        g, c, s = GaugeMetricFamily, CounterMetricFamily, ["scope"]
+        return {"tokens": g("speclm_prefix_cache_tokens", "tokens of KV held by the prefix cache", labels=s),
+                "bytes": g("speclm_prefix_cache_bytes", "host memory those KV copies take", labels=s),
+                "entries": g("speclm_prefix_cache_entries", "finished requests' KV copies held", labels=s),
+                "lookups": c("speclm_prefix_cache_lookups", "requests that looked the cache up", labels=s),
+                "hits": c("speclm_prefix_cache_hits", "requests that reused a cached prompt start", labels=s),
+                "reused_tokens": c("speclm_prefix_cache_reused_tokens", "prompt tokens restored instead of "
+                                   "prefilled", labels=s),
+                "evicted": c("speclm_prefix_cache_evicted", "copies evicted to keep the bound", labels=s)}
 
 
 class ServerMetrics:
     """All metrics of one app. `load()` returns the engine's (running, queued);
     `speculator()` the SSD speculator's state (LLM.speculator_state);
-    `suffix_caches()` each scope's suffix cache stats (LLM.suffix_cache_stats)."""
+    `suffix_caches()` each scope's suffix cache stats (LLM.suffix_cache_stats),
+    `prefix_caches()` each scope's prompt KV cache stats (LLM.prefix_cache_stats)."""
 
     def __init__(self, load: Callable[[], tuple[int, int]],
                  speculator: Callable[[], dict | None] = lambda: None,
-                 suffix_caches: Callable[[], dict[str | None, dict]] = dict):
+                 suffix_caches: Callable[[], dict[str | None, dict]] = dict,
+                 prefix_caches: Callable[[], dict[str | None, dict]] = dict):
         self.registry = r = CollectorRegistry()
         r.register(_SpeculatorCollector(speculator))
         r.register(_SuffixCacheCollector(suffix_caches))
+        r.register(_PrefixCacheCollector(prefix_caches))
         self.requests = Counter("speclm_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=r)
         self.latency = Histogram("speclm_request_duration_seconds", "HTTP request latency "

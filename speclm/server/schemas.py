@@ -245,10 +245,15 @@ class SpeculativeUsage(BaseModel):
     accepted: int
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose KV the prefix cache restored (OpenAI's field)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
     speculative: SpeculativeUsage
 
     @classmethod
@@ -256,6 +261,7 @@ class Usage(BaseModel):
         s = r.summary
         n = len(r.token_ids)
         return cls(prompt_tokens=r.prompt_tokens, completion_tokens=n, total_tokens=r.prompt_tokens + n,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=r.cached_prompt_tokens),
                    speculative=SpeculativeUsage(
                        method=r.method, k=r.k, acceptance_rate=s.acceptance_rate if s else None,
                        mean_acceptance_length=s.mean_acceptance_length if s else None,
