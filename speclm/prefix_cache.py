@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backends.base import Backend
-from .errors import InvalidRequestError
+from .errors import BackendError, InvalidRequestError
 
 PREFIX_CACHE_TOKENS = 16_384  # the server's and the bench's default bound (~460 MB of KV on the 1.5B)
 MIN_REUSE = 8  # tokens: below this a restore is not worth a lookup hit
@@ -44,6 +44,7 @@ class _ScopeStats:
     hits: int = 0
     reused_tokens: int = 0
     evicted: int = 0
+    failed: int = 0  # copies llama.cpp would not take out or put back
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -71,7 +72,7 @@ class PrefixCache:
 
     def restore(self, scope: str | None, backend: Backend, seq: int, tokens: list[int]) -> int:
         """Fill the empty sequence `seq` with the longest cached prefix of `tokens` in
-        `scope`; returns how many tokens it now holds (0: nothing reused)."""
+        `scope`; returns how many tokens it now holds (0: nothing reused, seq still empty)."""
         want = np.asarray(tokens, dtype=np.int32)
         with self._lock:
             stats = self._stats.setdefault(scope, _ScopeStats())
@@ -86,7 +87,14 @@ class PrefixCache:
                 return 0
             self._entries.move_to_end(best)
             entry = self._entries[best][1]
-        backend.load_sequence(seq, entry.state, entry.tokens.tolist())
+        try:
+            backend.load_sequence(seq, entry.state, entry.tokens.tolist())
+        except BackendError:  # a copy that will not go back in is dropped; the prompt is prefilled whole
+            with self._lock:
+                stats.failed += 1
+                if best in self._entries:
+                    self._drop(best)
+            return 0
         backend.rollback(seq, best_n)
         with self._lock:
             stats.hits += 1
@@ -103,7 +111,12 @@ class PrefixCache:
         with self._lock:  # a copy another entry already covers is not worth taking again
             if any(s == scope and common_prefix(e.tokens, tokens) == len(tokens) for s, e in self._entries.values()):
                 return
-        state, nbytes = backend.save_sequence(seq)
+        try:
+            state, nbytes = backend.save_sequence(seq)
+        except BackendError:  # the request is done either way: it is just not cached
+            with self._lock:
+                self._stats.setdefault(scope, _ScopeStats()).failed += 1
+            return
         with self._lock:
             for key in [k for k, (s, e) in self._entries.items()  # entries the new one covers
                         if s == scope and common_prefix(e.tokens, tokens) == len(e.tokens)]:
@@ -128,7 +141,8 @@ class PrefixCache:
             return len(keys)
 
     def stats(self) -> dict[str | None, dict]:
-        """Per scope: entries and tokens held, bytes of KV, lookups, hits, reused tokens, evictions."""
+        """Per scope: entries and tokens held, bytes of KV, lookups, hits, reused tokens,
+        evictions, and copies that failed to go out or back in."""
         with self._lock:
             out: dict[str | None, dict] = {}
             for scope in {*self._stats, *(s for s, _ in self._entries.values())}:
@@ -137,5 +151,5 @@ class PrefixCache:
                 out[scope] = {"entries": len(held), "tokens": sum(len(e.tokens) for e in held),
                               "bytes": sum(e.nbytes for e in held), "max_tokens": self.max_tokens,
                               "lookups": st.lookups, "hits": st.hits, "reused_tokens": st.reused_tokens,
-                              "evicted": st.evicted}
+                              "evicted": st.evicted, "failed": st.failed}
             return out

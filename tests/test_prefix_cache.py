@@ -9,7 +9,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.engine import Engine
-from speclm.errors import InvalidRequestError
+from speclm.errors import BackendError, InvalidRequestError
 from speclm.prefix_cache import MIN_REUSE, PrefixCache
 
 BASE = [0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 3, 5, 0, 1, 2, 3, 4, 5, 0, 2]  # 20 tokens
@@ -100,6 +100,21 @@ def test_batched_engine_requests_reuse_the_cache_and_emit_what_they_would_alone(
         engine.shutdown()
     assert [r.token_ids for r in results] == ref
     assert all(r.cached_prompt_tokens >= 12 for r in results)
+
+
+class _Unrestorable(ToyBackend):
+    def load_sequence(self, seq, state, tokens):
+        raise BackendError("llama.cpp could not restore a KV copy")
+
+
+def test_a_copy_that_will_not_restore_is_dropped_and_the_prompt_prefilled_whole():
+    ref = _run(LLM(target=_toy()), BASE)
+    llm = LLM(target=_Unrestorable(6, seed=5, order=2, sharpness=2.0), prefix_cache_tokens=1000)
+    _run(llm, BASE)
+    out = _run(llm, BASE)
+    assert out.cached_prompt_tokens == 0 and out.token_ids == ref.token_ids
+    stats = llm.prefix_cache_stats()[None]
+    assert stats["failed"] == 1 and stats["hits"] == 0 and stats["entries"] == 1  # the bad copy went, ours came
 
 
 @pytest.mark.parametrize("size", [-1, True, 1.5, 10**9])
