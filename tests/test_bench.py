@@ -501,3 +501,5 @@ def test_each_arm_and_concurrency_row_reuses_only_its_own_prompt_kv(tmp_path):
     assert {s: scopes[s]["hits"] for s in ("bench-arm0", "bench-arm1")} == {"bench-arm0": 2, "bench-arm1": 2}
     rows = [s for s in scopes if s and s.startswith("bench-concurrency")]
     assert len(rows) == 2 and all(scopes[s]["lookups"] == 3 and scopes[s]["hits"] == 2 for s in rows)
+    conc = [json.loads(line) for line in (tmp_path / "out" / "concurrency.jsonl").read_text().splitlines()]
+    assert sorted(c["cached_prompt_tokens"] for c in conc) == [0, 0] + [len(start)] * 4

@@ -163,7 +163,7 @@ class TraceSink:
         self._conc.write(json.dumps({
             **head, "submitted_ms": submitted_ms, "queued_ms": s.queued_ms, "prefill_ms": s.prefill_ms,
             "ttft_ms": s.ttft_ms, "wall_ms": s.wall_ms, "prompt_tokens": result.prompt_tokens,
-            "output_tokens": s.output_tokens,
+            "cached_prompt_tokens": result.cached_prompt_tokens, "output_tokens": s.output_tokens,
             "rounds": [[r.at_ms, r.proposed, r.accepted, r.verify_ms, r.batch_tokens] for r in result.rounds],
         }) + "\n")
         self._conc.flush()
