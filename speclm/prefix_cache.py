@@ -103,8 +103,6 @@ class PrefixCache:
 
     def keep(self, scope: str | None, backend: Backend, seq: int) -> None:
         """Save what `seq` holds for later requests in `scope` (before it is freed)."""
-        if self.max_tokens == 0:
-            return
         tokens = np.asarray(backend.tokens(seq), dtype=np.int32)
         if not MIN_REUSE <= len(tokens) <= self.max_tokens:
             return

@@ -42,10 +42,10 @@ from .workloads import Prompt, load_builtin, load_dataset, select
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "k": [4],
          "temperature": [0.0], "max_new_tokens": [48], "methods": list(BENCH_DEFAULT),
-         "repeats": 1, "concurrency": [], "concurrency_repeats": 1}
+         "repeats": 1, "concurrency": [], "concurrency_repeats": 1, "prefix_cache_tokens": PREFIX_CACHE_TOKENS}
 DEFAULTS = {"categories": None, "prompts_per_category": 20, "k": [2, 4, 8], "temperature": [0.0],
             "max_new_tokens": [128], "methods": list(BENCH_DEFAULT), "repeats": 1,
-            "concurrency": [], "concurrency_repeats": 1}
+            "concurrency": [], "concurrency_repeats": 1, "prefix_cache_tokens": PREFIX_CACHE_TOKENS}
 
 
 def _csv(kind: Callable[[str], object], what: str) -> Callable[[str], list]:
@@ -150,8 +150,7 @@ def resolve_args(args: argparse.Namespace) -> dict:
                       max_new_tokens=v["max_new_tokens"], repeats=v["repeats"], seed=args.seed,
                       concurrency=v["concurrency"], concurrency_repeats=v["concurrency_repeats"],
                       ignore_eos=args.ignore_eos, base=spec_from_args(args), trust=trust_from_args(args),
-                      prefix_cache_tokens=PREFIX_CACHE_TOKENS if getattr(args, "prefix_cache_tokens", None) is None
-                      else args.prefix_cache_tokens)
+                      prefix_cache_tokens=v["prefix_cache_tokens"])
     PrefixCache(cfg.prefix_cache_tokens)  # a bad size fails before any model loads
     for method, k in cfg.configs():  # fail before loading any model
         method.spec(k)
