@@ -229,6 +229,26 @@ def test_calibration_keeps_long_matches_apart_from_short_ones():
     assert ctrl.choose_prefix([1.0] * 8, match_len=16) == 8  # a long match still drafts a long block
 
 
+def test_drafts_from_the_own_context_and_from_the_cache_are_calibrated_apart():
+    """The same estimate on the same match length: the request's own context keeps
+    being copied, other requests' outputs keep being rejected. Each source learns
+    its own rate, so the cache's misses do not talk down the own context's copies."""
+    ctrl = per_position({b: 1.0 + 0.5 * b for b in range(1, 18)}, probe_every=1000,
+                        calibration=Calibration(decay=1.0))
+    for _ in range(30):
+        for source, accepted in (("own", True), ("cache", False)):
+            ctrl.choose(16)
+            k = ctrl.choose_prefix([0.9] * 8, match_len=8, source=source)
+            ctrl.observe(RoundRecord(proposed=k, accepted=k if accepted else 0, draft_ms=0.0,
+                                     verify_ms=1.0 + 0.5 * (k + 1), other_ms=0.5))
+    assert ctrl.calibration(0.9, match_group(8, "own")) > 0.95
+    assert ctrl.calibration(0.9, match_group(8, "cache")) < 0.3  # no longer verified once K = 0
+    ctrl.choose(16)
+    assert ctrl.choose_prefix([0.9] * 8, match_len=8, source="own") == 8
+    ctrl.choose(16)
+    assert ctrl.choose_prefix([0.9] * 8, match_len=8, source="cache") == 0
+
+
 def test_a_continuation_seen_once_is_a_weak_prior():
     """1 of 1 occurrences is not 9 of 9: smoothed count / (n + 1), the first
     enters the calibration as 0.5 and does not pay for a block on its own; the

@@ -278,3 +278,5 @@ def test_sampled_output_has_the_target_distribution(with_controller):
     assert tv < bound, f"TV {tv:.4f} exceeds the sample-size bound {bound:.4f}"
     assert accepted > N_SAMPLES // 20 and rejected > N_SAMPLES // 20, (accepted, rejected)
     assert (cut_to_zero > N_SAMPLES // 20) == with_controller, cut_to_zero  # the controller really cut
+    if with_controller:  # the proposer named each draft's source: cache drafts were calibrated apart
+        assert "cache" in {group[0] for group, _ in calibration.cells if isinstance(group, tuple)}

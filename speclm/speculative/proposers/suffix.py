@@ -378,7 +378,7 @@ class SuffixProposer(Proposer):
         d = Draft(list(best.tokens), [None] * len(best.tokens), list(best.confidence))
         kept = len(d)
         if self.controller is not None and d.tokens:
-            kept = self.controller.choose_prefix(d.confidence, best.length, best.support)
+            kept = self.controller.choose_prefix(d.confidence, best.length, best.support, source)
             d.truncate(kept)
         self.counts["drafted"] += len(best.tokens)
         self.counts["kept"] += kept
