@@ -11,7 +11,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.metrics import RoundRecord
-from speclm.speculative.controller import (Calibration, match_group, CostModel, GoodputController, HeuristicController,
+from speclm.speculative.controller import (PROBE_BACKOFF, Calibration, match_group, CostModel, GoodputController, HeuristicController,
                                            expected_emitted, expected_tokens, smoothed_estimate)
 
 # Costs measured on this machine for the Qwen 1.5B target (ms to score b tokens).
@@ -176,18 +176,24 @@ def test_calibration_moves_towards_the_observed_acceptance():
 def test_an_overconfident_proposer_is_corrected_from_each_rounds_outcome():
     """Estimates of 0.97 whose tokens are rejected at the first position: after
     a few rounds the calibrated estimate falls and the controller stops
-    verifying them, apart from a one-token probe every probe_every rounds."""
+    verifying them, apart from one-token probes: the first after probe_every
+    rounds, each failed one doubling the gap to the next, up to PROBE_BACKOFF
+    times probe_every."""
     ctrl = per_position(ZEN4_VERIFY, probe_every=8)
     ks = []
-    for _ in range(80):
+    for _ in range(200):
         ctrl.choose(16)
         k = ctrl.choose_prefix([0.97] * 16)
         ks.append(k)
         ctrl.observe(RoundRecord(proposed=k, accepted=0, draft_ms=0.1, verify_ms=ctrl.cost.verify(k + 1),
                                  other_ms=0.5))
     assert ks[0] == 15
-    assert ctrl.calibration(0.97) < 0.3
-    assert ks[-40:].count(0) >= 34 and set(ks[-40:]) <= {0, 1}
+    assert ctrl.calibration(0.97) < 0.6
+    assert set(ks[-100:]) <= {0, 1}
+    probes = [i for i, k in enumerate(ks) if i > 0 and k == 1]
+    gaps = np.diff(probes)
+    assert list(gaps) == [16, 32] + [PROBE_BACKOFF * 8] * (len(gaps) - 2)  # 8, 16, 32, 32, ...
+    assert probes[0] == 8
     assert "probe" in ctrl.prefix_note or ctrl.prefix_note.startswith("K=0")
 
 
