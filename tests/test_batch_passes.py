@@ -56,7 +56,8 @@ def test_llama_cpp_passes_are_predicted_exactly(monkeypatch, capfd):
 def test_freeing_a_sequence_keeps_the_live_ones_one_pass_and_their_state(monkeypatch, capfd):
     """Freeing a middle sequence moves the highest one into its KV stream: a forward
     over the survivors is still one pass, and the moved sequence scores exactly as
-    before (its cache was copied, not recomputed)."""
+    before (its cache was copied, not recomputed). The predicted passes, which the
+    backend remembers, follow the move."""
     monkeypatch.setenv("LLAMA_BATCH_DEBUG", "1")
     llm = LLM(target="smollm2-135m", n_threads=2, max_sequences=4, n_ctx=256)
     target = llm.target
@@ -67,7 +68,9 @@ def test_freeing_a_sequence_keeps_the_live_ones_one_pass_and_their_state(monkeyp
             target.prefill(seq, ids)
         before = target.score(c, [11])
         target.rollback(c, len(prompts[2]))
+        assert target.pass_rows({a: 1, c: 3}) == [1, 3]  # streams 0 and 2: not one run
         target.free(b)
+        assert target.pass_rows({a: 1, c: 3}) == [2, 2]  # c moved into stream 1
         monkeypatch.setenv("SPECLM_LLAMA_LOG", "1")
         capfd.readouterr()
         rows = target.score_batch([(a, [11]), (c, [11])])
