@@ -24,7 +24,8 @@ after a `Calibration` learnt online from every round's outcome. v(b) is the
 measured cost of every block size, so a cheap long block (v(16) < v(9) on
 llama.cpp) is found; K = 0 when no prefix pays, with a one-token probe every
 `probe_every` such rounds so that the calibration keeps learning (a fully
-accepted probe is followed at once by one twice as long). An estimate counted
+accepted probe is followed at once by one twice as long; failed ones back
+off as above). An estimate counted
 over few occurrences enters the calibration smoothed (count / (n + 1)): a
 continuation seen once is a weak prior, and gets calibration cells apart from
 one seen many times. A proposer that names each draft's source (the request's
@@ -198,8 +199,8 @@ def match_group(match_len: int | None, source: str | None = None) -> int | tuple
     (0: no match length known; then 1, 2-3, 4-7, 8-15, 16-31, 32+), per source of
     the draft when one is named: a continuation of the request's own context and
     one from other requests' outputs are not equally reliable at the same count
-    and match (run W13: cache drafts got 0.55–0.6 of their calibrated accepted
-    tokens on humaneval and chat, own drafts 1.1–1.2× on multi-turn-edit)."""
+    and match (run W13: cache drafts got 0.6 of their calibrated accepted tokens
+    on humaneval and 0.15 on chat, own drafts 1.1–1.2× on multi-turn-edit)."""
     group = 0 if not match_len else min(match_len.bit_length(), 6)
     return group if source is None else (source, group)
 
@@ -341,7 +342,7 @@ class GoodputController:
         doubled by each failed probe up to PROBE_BACKOFF times), and at once (twice
         as long) after a fully accepted one (probe_k, set by observe).
         In a shared forward a probe costs a pass of its own, so with n sequences
-        in the step each probes every n · probe_every rounds: the step as a whole
+        in the step each probes every n · probe_gap rounds: the step as a whole
         still pays for about one probe every probe_gap steps."""
         self._probing = 0
         if best > 0:
