@@ -11,8 +11,9 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.metrics import RoundRecord
-from speclm.speculative.controller import (PROBE_BACKOFF, Calibration, match_group, CostModel, GoodputController, HeuristicController,
-                                           expected_emitted, expected_tokens, smoothed_estimate)
+from speclm.speculative.controller import (PROBE_BACKOFF, Calibration, CostModel, GoodputController,
+                                           HeuristicController, expected_emitted, expected_tokens, match_group,
+                                           smoothed_estimate)
 
 # Costs measured on this machine for the Qwen 1.5B target (ms to score b tokens).
 QWEN_VERIFY = {1: 32.0, 2: 57.0, 3: 76.0, 4: 95.0, 5: 123.0, 6: 150.0, 7: 180.0, 8: 219.0, 9: 234.0}
@@ -192,8 +193,8 @@ def test_an_overconfident_proposer_is_corrected_from_each_rounds_outcome():
     assert set(ks[-100:]) <= {0, 1}
     probes = [i for i, k in enumerate(ks) if i > 0 and k == 1]
     gaps = np.diff(probes)
-    assert list(gaps) == [16, 32] + [PROBE_BACKOFF * 8] * (len(gaps) - 2)  # 8, 16, 32, 32, ...
-    assert probes[0] == 8
+    assert probes[0] == 8  # then rounds 24, 56, 88, ...: gaps 16, 32, 32, ...
+    assert list(gaps) == [16, 32] + [PROBE_BACKOFF * 8] * (len(gaps) - 2)
     assert "probe" in ctrl.prefix_note or ctrl.prefix_note.startswith("K=0")
 
 
