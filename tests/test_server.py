@@ -397,6 +397,7 @@ def test_each_api_key_reuses_only_its_own_prompt_kv_and_usage_says_how_much():
         assert m[("speclm_prefix_cache_hits_total", a)] == 1
         assert m[("speclm_prefix_cache_reused_tokens_total", a)] == len(start)
         assert m[("speclm_prefix_cache_entries", a)] == 2 and m[("speclm_prefix_cache_bytes", a)] > 0
+        assert m[("speclm_prefix_cache_failed_total", a)] == 0
         r = httpx.post(url + "/admin/cache/clear", headers={"Authorization": "Bearer key-a"})
         assert r.status_code == 200 and r.json()["prefix_cache"]["entries"] == 2
         assert cached(url, "key-a", start + "xyz") == 0

@@ -117,7 +117,9 @@ class _PrefixCacheCollector(_ScopeCollector):
                 "hits": c("speclm_prefix_cache_hits", "requests that reused a cached prompt start", labels=s),
                 "reused_tokens": c("speclm_prefix_cache_reused_tokens", "prompt tokens restored instead of "
                                    "prefilled", labels=s),
-                "evicted": c("speclm_prefix_cache_evicted", "copies evicted to keep the bound", labels=s)}
+                "evicted": c("speclm_prefix_cache_evicted", "copies evicted to keep the bound", labels=s),
+                "failed": c("speclm_prefix_cache_failed", "KV copies llama.cpp would not take out or put back "
+                            "(the request was served uncached)", labels=s)}
 
 
 class ServerMetrics:
