@@ -29,7 +29,7 @@ from .speculative.config import MAX_K, SpecConfig  # noqa: F401  (public here)
 from .speculative.controller import Calibration, CostModel, calibrate
 from .speculative.loop import Generation
 from .speculative.methods import METHODS, PROPOSALS, get_method  # noqa: F401  (METHODS: the table)
-from .speculative.proposers.suffix import SuffixCache
+from .speculative.proposers.suffix_index import SuffixCache
 
 
 class LLM:

@@ -16,7 +16,8 @@ from speclm.errors import InvalidRequestError
 from speclm.sampling import SamplingParams
 from speclm.speculative import loop
 from speclm.speculative.controller import Calibration, CostModel, GoodputController
-from speclm.speculative.proposers.suffix import LEVELS, SuffixCache, SuffixConfig, SuffixProposer
+from speclm.speculative.proposers.suffix import SuffixProposer
+from speclm.speculative.proposers.suffix_index import LEVELS, SuffixCache, SuffixConfig
 
 from .stats import empirical_check, exact_distribution
 

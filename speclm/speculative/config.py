@@ -14,7 +14,7 @@ from .methods import DEFAULT_METHOD, get_method, method_names, selectable_propos
 from .options import Option, option, options_of
 from .proposers.ngram import check_ngram_sizes
 from .proposers.medusa import MedusaOptions
-from .proposers.suffix import SuffixConfig
+from .proposers.suffix_index import SuffixConfig
 from .ssd.options import SSDOptions
 
 MAX_K = 32
