@@ -211,6 +211,44 @@ def test_only_verified_positions_update_the_calibration():
     assert seen(0.92)[0] == 0.0
 
 
+def test_every_drafted_token_is_calibrated_against_what_the_request_emitted():
+    """A draft given with its tokens is calibrated whether or not it was verified:
+    token j counts once tokens 1..j-1 matched and the context reaches j (accepted
+    iff it matches the emitted token); after the first mismatch nothing counts."""
+    ctrl = per_position(ZEN4_VERIFY, probe_every=1000, calibration=Calibration(decay=1.0))
+    ctrl.choose(16)
+    context = list(range(100, 110))
+    assert ctrl.choose_prefix([0.6] * 5, tokens=[5, 6, 7, 8, 9], at=len(context)) == 0  # not verified
+    ctrl.observe(RoundRecord(proposed=0, accepted=0, draft_ms=0.0, verify_ms=33.0, other_ms=0.5))
+    cal = ctrl.calibration
+    seen = lambda: cal.cells.get((0, cal.bucket(0.6)), [0.0, 0.0, 0.0])  # noqa: E731  (group 0: no match length)
+    assert seen()[0] == 0.0  # observe() leaves drafts with tokens to learn()
+    ctrl.learn(context + [5, 6])
+    assert seen()[0] == 2.0 and seen()[2] == 2.0  # token 3's position is not emitted yet
+    ctrl.learn(context + [5, 6, 7, 1, 9])
+    assert seen()[0] == 4.0 and seen()[2] == 3.0  # 7 matched, 8 did not, 9 is after the mismatch
+    ctrl.learn(context + [5, 6, 7, 1, 9, 9])
+    assert seen()[0] == 4.0  # each position is counted once
+
+
+def test_a_doubted_source_that_keeps_being_right_starts_drafting_without_probes():
+    """Estimates too low to verify anything, on drafts the request then emits
+    token for token: the calibration learns from the unverified drafts, so the
+    controller starts verifying them although no probe ever runs."""
+    ctrl = per_position(ZEN4_VERIFY, probe_every=10_000, calibration=Calibration(decay=1.0))
+    text = list(range(1000))
+    context, kept = text[:10], []
+    while len(context) < 200:
+        ctrl.choose(16)
+        k = ctrl.choose_prefix([1.0] * 8, match_len=4, support=(1,) * 8,
+                               tokens=text[len(context):len(context) + 8], at=len(context))
+        kept.append(k)
+        context = text[:len(context) + k + 1]
+        ctrl.learn(context)
+    assert kept[0] == 0 and kept[-1] == 3  # 4 rows cost 107 ms, 9 rows 290: K = 3 pays best
+    assert "probe" not in ctrl.prefix_note
+
+
 def test_a_stop_inside_the_round_is_not_counted_as_a_rejection():
     """EOS cut a fully accepted 4-token round after 2 delivered tokens: the
     verifier accepted all 4, so the estimates are credited with 4 acceptances."""

@@ -270,6 +270,7 @@ class GoodputController:
         self.step_ms: Callable[[int], float] = lambda b: cost.step({-1: b})  # ms of the next step given my block
         self.planned_expected = 1.0  # E[tokens] of the round last planned (for the step's other requests)
         self._predicted: list[tuple[float, int | tuple[str, int]]] = []  # (estimate, group) of verified positions
+        self._shadow: list[tuple[int, list[int], list]] = []  # (at, tokens, [(estimate, group)]) not yet learnt
         self.prefix_note: str | None = None
         self.decay, self.probe_every = decay, probe_every
         self.accepted = alpha_prior * prior_weight  # decayed pseudo-counts
@@ -356,7 +357,8 @@ class GoodputController:
         return self._probing
 
     def choose_prefix(self, confidence: list[float], match_len: int | None = None,
-                      support: tuple[int, ...] | None = None, source: str | None = None) -> int:
+                      support: tuple[int, ...] | None = None, source: str | None = None,
+                      tokens: list[int] | None = None, at: int | None = None) -> int:
         """How many of the drafted tokens to verify: the m in 0..len(confidence)
         (≤ k_max) maximising E(m) / (v(m+1) + o) under the calibrated estimates
         (the draft is already paid for). match_len: the suffix match the draft
@@ -365,7 +367,9 @@ class GoodputController:
         enters the calibration smoothed (smoothed_estimate), so thin evidence
         starts pessimistic and has cells of its own. source: where the draft came
         from ("own", "cache"); each source is calibrated in cells of its own.
-        Remembers the estimates for observe()."""
+        tokens, at: the drafted tokens and the context length they continue. With
+        them every drafted token is calibrated, verified or not, once the context
+        reaches its position (learn()); without them, the verified ones in observe()."""
         conf = confidence[:self.k_max]
         if support is not None:
             conf = [smoothed_estimate(c, n) for c, n in zip(conf, support)]
@@ -377,10 +381,35 @@ class GoodputController:
         note = f"K={best} of {len(cal)} drafted: E={exp[best]:.2f} tokens, est {rates[best] / rates[0]:.2f}x of K=0"
         if probe := self._probe(best, len(cal)):
             best, note = probe, f"probe K={probe} of {len(cal)} drafted (calibrated c1={cal[0]:.2f})"
-        self._predicted = list(zip(conf[:best], groups[:best]))
+        if tokens is not None and at is not None:
+            self._shadow.append((at, list(tokens[:len(conf)]), list(zip(conf, groups))))
+            self._predicted = []
+        else:
+            self._predicted = list(zip(conf[:best], groups[:best]))
         self.prefix_note = note
         self.planned_expected = exp[best]
         return best
+
+    def learn(self, context: list[int]) -> None:
+        """Calibrate the drafts given to choose_prefix with tokens, against the
+        tokens the request emitted after all. Token j of a draft is counted once
+        tokens 1..j-1 matched and the context holds position j: it matches iff it
+        was (or would have been) accepted, as the target emits a deterministic
+        draft's token with the probability that it accepts it. Drafts the
+        context no longer continues (a restart) are dropped."""
+        n, keep = len(context), []
+        for at, tokens, predicted in self._shadow:
+            if at > n:
+                continue
+            j = 0
+            while j < len(tokens) and at + j < n and context[at + j] == tokens[j]:
+                j += 1
+            known = j if at + j >= n else min(j + 1, len(tokens))  # positions whose outcome is known
+            for i, (c, group) in enumerate(predicted[:known]):
+                self.calibration.update(c, i < j, group)
+            if known == j < len(tokens):
+                keep.append((at + j, tokens[j:], predicted[j:]))
+        self._shadow = keep
 
     def observe(self, rec: RoundRecord) -> None:
         self.cost.observe(rec)

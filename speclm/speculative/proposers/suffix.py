@@ -11,8 +11,7 @@ conditional acceptance `count(token) / count(occurrences with a next token)`.
 The number of tokens drafted grows with the match length
 (`spec_factor * match + spec_offset`, at most k). q stays one-hot (None), so
 the acceptance rule is unchanged and the output distribution is the target's.
-The index and the cache are in suffix_index.py; template anchors, a third
-source, in anchor.py.
+The index and the cache are in suffix_index.py.
 """
 
 from __future__ import annotations
@@ -67,6 +66,11 @@ class SuffixProposer(Proposer):
     def update(self, context: list[int]) -> None:
         """Learn the context without drafting (e.g. the final round's tokens, just before close())."""
         self._sync(context)
+        self._learn(context)
+
+    def _learn(self, context: list[int]) -> None:
+        if self.controller is not None:
+            self.controller.learn(context)  # earlier drafts against what was emitted
 
     def begin(self, context: list[int], params: SamplingParams) -> None:
         self._own = SuffixIndex()
@@ -76,6 +80,7 @@ class SuffixProposer(Proposer):
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         self._sync(context)
+        self._learn(context)
         self._info = None
         if k <= 0:
             return Draft()
@@ -94,7 +99,8 @@ class SuffixProposer(Proposer):
         d = Draft(list(best.tokens), [None] * len(best.tokens), list(best.confidence))
         kept = len(d)
         if self.controller is not None and d.tokens:
-            kept = self.controller.choose_prefix(d.confidence, best.length, best.support, source)
+            kept = self.controller.choose_prefix(d.confidence, best.length, best.support, source,
+                                                 tokens=d.tokens, at=len(context))
             d.truncate(kept)
         self.counts["drafted"] += len(best.tokens)
         self.counts["kept"] += kept
