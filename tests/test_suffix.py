@@ -108,6 +108,25 @@ def test_a_longer_match_in_the_cache_beats_a_short_one_in_the_request():
     assert p.round_info()["source"] == "cache"
 
 
+def test_an_answers_first_draft_is_calibrated_apart_from_the_later_ones():
+    """The first draft continues the prompt's end (in chat, the template's assistant
+    header, the same for every request), so its calibration cells are its own:
+    what that header was followed by elsewhere says little about this answer."""
+    cache = SuffixCache(max_tokens=1000)
+    finished_request(cache, [7, 8, 9, 1, 2, 3, 4, 5])
+    ctrl = GoodputController(CostModel(verify_ms={b: 1.0 + 0.1 * b for b in range(1, 10)}), k_max=8)
+    p = SuffixProposer(cache, controller=ctrl)
+    prompt = [6, 7, 8, 9]
+    p.begin(prompt, GREEDY)
+    for context in (prompt, prompt + [1, 2]):
+        ctrl.choose(8)
+        propose(p, context)
+        assert p.round_info()["source"] == "cache"
+    p.update(prompt + [1, 2, 3, 4, 5])
+    sources = {group[0] for group, _bucket in ctrl.calibration.cells}
+    assert sources == {"cache-first", "cache"}
+
+
 def test_generation_commits_its_prompt_and_output_to_the_cache_at_close():
     """Online learning end to end: a repeated request drafts its whole answer
     from the first one's output, with the same greedy result in fewer rounds."""

@@ -29,7 +29,10 @@ off as above). An estimate counted
 over few occurrences enters the calibration smoothed (count / (n + 1)): a
 continuation seen once is a weak prior, and gets calibration cells apart from
 one seen many times. A proposer that names each draft's source (the request's
-own context, other requests' outputs) gets cells per source too.
+own context, other requests' outputs) gets cells per source too. A proposer
+that also passes the drafted tokens has every one calibrated against the token
+the request then emitted (learn()), verified or not: a cell whose estimates
+fell below what pays would otherwise never be verified, nor corrected, again.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ class SuffixProposer(Proposer):
             controller.expect_confidence()
         self.name = f"suffix[depth={self.config.max_depth}]"
         self._own = SuffixIndex()
+        self._prompt_len = -1
         self._committed = False
         self._info: dict | None = None
         self.counts = {"lookups": 0, "own_hits": 0, "cache_hits": 0, "misses": 0, "drafted": 0, "kept": 0}
@@ -73,6 +74,7 @@ class SuffixProposer(Proposer):
             self.controller.learn(context)  # earlier drafts against what was emitted
 
     def begin(self, context: list[int], params: SamplingParams) -> None:
+        self._prompt_len = len(context)
         self._own = SuffixIndex()
         self._committed = False
         self._sync(context)
@@ -99,7 +101,11 @@ class SuffixProposer(Proposer):
         d = Draft(list(best.tokens), [None] * len(best.tokens), list(best.confidence))
         kept = len(d)
         if self.controller is not None and d.tokens:
-            kept = self.controller.choose_prefix(d.confidence, best.length, best.support, source,
+            # An answer's first draft continues a match that ends in the chat template's header,
+            # whatever the request asks: its calibration is kept apart (run W17, chat).
+            first = len(context) == self._prompt_len
+            kept = self.controller.choose_prefix(d.confidence, best.length, best.support,
+                                                 f"{source}-first" if first else source,
                                                  tokens=d.tokens, at=len(context))
             d.truncate(kept)
         self.counts["drafted"] += len(best.tokens)
