@@ -398,8 +398,8 @@ class GoodputController:
         tokens the request emitted after all. Token j of a draft is counted once
         tokens 1..j-1 matched and the context holds position j: it matches iff it
         was (or would have been) accepted, as the target emits a deterministic
-        draft's token with the probability that it accepts it. Drafts the
-        context no longer continues (a restart) are dropped."""
+        draft's token with the probability that it accepts it. Drafts that start
+        beyond the end of the context (it was restarted shorter) are dropped."""
         n, keep = len(context), []
         for at, tokens, predicted in self._shadow:
             if at > n:
