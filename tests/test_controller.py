@@ -198,6 +198,11 @@ def test_an_overconfident_proposer_is_corrected_from_each_rounds_outcome():
     assert "probe" in ctrl.prefix_note or ctrl.prefix_note.startswith("K=0")
 
 
+def cell(cal: Calibration, c: float) -> list[float]:
+    """[seen, predicted, accepted] of the calibration cell of estimate c, group 0 (no match length)."""
+    return cal.cells.get((0, cal.bucket(c)), [0.0, 0.0, 0.0])
+
+
 def test_only_verified_positions_update_the_calibration():
     """Accepted 2 of 5: positions 1-2 count as accepted, 3 as rejected, 4-5 unseen."""
     ctrl = per_position({b: 1.0 for b in range(1, 18)}, calibration=Calibration(decay=1.0))
@@ -205,10 +210,9 @@ def test_only_verified_positions_update_the_calibration():
     assert ctrl.choose_prefix([0.6, 0.6, 0.85, 0.92, 0.92]) == 5
     ctrl.observe(RoundRecord(proposed=5, accepted=2, draft_ms=0.0, verify_ms=1.0, other_ms=0.5))
     cal = ctrl.calibration
-    seen = lambda c: cal.cells.get((0, cal.bucket(c)), [0.0, 0.0, 0.0])  # noqa: E731  (group 0: no match length)
-    assert seen(0.6)[0] == pytest.approx(2.0) and seen(0.6)[2] == pytest.approx(2.0)
-    assert seen(0.85)[0] == pytest.approx(1.0) and seen(0.85)[2] == 0.0
-    assert seen(0.92)[0] == 0.0
+    assert cell(cal, 0.6)[0] == pytest.approx(2.0) and cell(cal, 0.6)[2] == pytest.approx(2.0)
+    assert cell(cal, 0.85)[0] == pytest.approx(1.0) and cell(cal, 0.85)[2] == 0.0
+    assert cell(cal, 0.92)[0] == 0.0
 
 
 def test_every_drafted_token_is_calibrated_against_what_the_request_emitted():
@@ -221,14 +225,13 @@ def test_every_drafted_token_is_calibrated_against_what_the_request_emitted():
     assert ctrl.choose_prefix([0.6] * 5, tokens=[5, 6, 7, 8, 9], at=len(context)) == 0  # not verified
     ctrl.observe(RoundRecord(proposed=0, accepted=0, draft_ms=0.0, verify_ms=33.0, other_ms=0.5))
     cal = ctrl.calibration
-    seen = lambda: cal.cells.get((0, cal.bucket(0.6)), [0.0, 0.0, 0.0])  # noqa: E731  (group 0: no match length)
-    assert seen()[0] == 0.0  # observe() leaves drafts with tokens to learn()
+    assert cell(cal, 0.6)[0] == 0.0  # observe() leaves drafts with tokens to learn()
     ctrl.learn(context + [5, 6])
-    assert seen()[0] == 2.0 and seen()[2] == 2.0  # token 3's position is not emitted yet
+    assert cell(cal, 0.6)[0] == 2.0 and cell(cal, 0.6)[2] == 2.0  # token 3's position is not emitted yet
     ctrl.learn(context + [5, 6, 7, 1, 9])
-    assert seen()[0] == 4.0 and seen()[2] == 3.0  # 7 matched, 8 did not, 9 is after the mismatch
+    assert cell(cal, 0.6)[0] == 4.0 and cell(cal, 0.6)[2] == 3.0  # 7 matched, 8 did not, 9 is after the mismatch
     ctrl.learn(context + [5, 6, 7, 1, 9, 9])
-    assert seen()[0] == 4.0  # each position is counted once
+    assert cell(cal, 0.6)[0] == 4.0  # each position is counted once
 
 
 def test_a_doubted_source_that_keeps_being_right_starts_drafting_without_probes():
