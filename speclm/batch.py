@@ -28,7 +28,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from .backends.base import Backend
+from .prefix_cache import MIN_REUSE, common_prefix
 from .speculative.controller import CostModel
 from .speculative.loop import Generation, distributions
 from .speculative.proposers.base import Draft
@@ -68,13 +71,7 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
     make the step look slow, and drafting beside it look cheap). split: run_step
     may run the step as several forwards (a `costs` curve given), so K is priced so."""
     slots, decoding, prefilling = [], [], []
-    for gen in gens:
-        try:
-            if gen.seq is None:
-                gen.begin()
-        except Exception as exc:  # noqa: BLE001  (the request fails, the step goes on)
-            slots.append(Slot(gen, [], error=exc))
-            continue
+    for gen in _begin_new(gens, slots):
         (prefilling if gen.prefill_left else decoding).append(gen)
     chunks = _prefill_chunks(prefilling, capacity, len(decoding), prefill_chunk)
     planned, expected = {}, float(sum(map(len, chunks)))  # a prompt row is work done, as a token is
@@ -101,6 +98,43 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
         if chunk:
             slots.append(Slot(gen, chunk))
     return slots
+
+
+def _begin_new(gens: list[Generation], slots: list[Slot]) -> list[Generation]:
+    """The requests that take part in this step, in order: those begun, and the new
+    ones begun now (a failed begin gets an error slot). With prefix caching, a new
+    request may fill its prompt's start from the KV of a running request of its scope
+    (one ahead of it); one whose start such a request is still prefilling, further
+    than the cache or any running KV could give it, waits a step rather than compute
+    the same rows again: sixteen chats with one system prompt prefill it once."""
+    ready: list[Generation] = []
+    for gen in gens:
+        if gen.seq is None:
+            donors = [g for g in ready if g.prefix_cache is not None and g.prefix_cache is gen.prefix_cache
+                      and g.cache_scope == gen.cache_scope]
+            if donors and _shared_start_is_coming(gen, donors):
+                continue
+            try:
+                gen.begin(live=[g.seq for g in donors])
+            except Exception as exc:  # noqa: BLE001  (the request fails, the step goes on)
+                slots.append(Slot(gen, [], error=exc))
+                continue
+        ready.append(gen)
+    return ready
+
+
+def _shared_start_is_coming(gen: Generation, donors: list[Generation]) -> bool:
+    """Is a prefilling donor's prompt going to hold more of gen's reusable start than
+    the KV of every donor and the prefix cache hold now?"""
+    prefilling = [d for d in donors if d.prefill_left]
+    if not prefilling:
+        return False
+    want = np.asarray(gen.reusable_prompt, dtype=np.int32)
+    coming = max(common_prefix(np.asarray(d.context[:d.prompt_end], dtype=np.int32), want) for d in prefilling)
+    if coming < MIN_REUSE:
+        return False
+    now = max(common_prefix(np.asarray(d.target.tokens(d.seq), dtype=np.int32), want) for d in donors)
+    return coming > max(now, gen.prefix_cache.reusable(gen.cache_scope, gen.reusable_prompt))
 
 
 def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, prefill_chunk: int) -> list[list[int]]:

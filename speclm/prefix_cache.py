@@ -7,6 +7,10 @@ sequence restored from the longest such copy and cut back to the shared
 prefix, so it prefills only the rest. This is llama-server's `cache_prompt`
 (with its host-memory prompt cache) and vLLM's automatic prefix caching, for
 a CPU: on two cores a prompt row costs 20-40 ms, a restore ~4 us a token.
+A running request of the same scope lends its KV the same way (`restore(live=)`;
+the batching scheduler, speclm/batch.py, lets a request wait a step for a start
+that one ahead of it is prefilling), so a wave of requests with one system
+prompt prefills it once, as vLLM's shared prefix blocks do.
 
 Restored KV is bit-identical to what was computed, but the rows after it are
 prefilled in a different chunk than a fresh request would use, so greedy
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +47,7 @@ class _Entry:
 class _ScopeStats:
     lookups: int = 0
     hits: int = 0
+    live_hits: int = 0  # hits taken from a running request's KV rather than a finished one's copy
     reused_tokens: int = 0
     evicted: int = 0
     failed: int = 0  # copies llama.cpp would not take out or put back
@@ -70,36 +76,58 @@ class PrefixCache:
         self._stats: dict[str | None, _ScopeStats] = {}
         self._lock = threading.Lock()
 
-    def restore(self, scope: str | None, backend: Backend, seq: int, tokens: list[int]) -> int:
+    def restore(self, scope: str | None, backend: Backend, seq: int, tokens: list[int],
+                live: Sequence[int] = ()) -> int:
         """Fill the empty sequence `seq` with the longest cached prefix of `tokens` in
-        `scope`; returns how many tokens it now holds (0: nothing reused, seq still empty)."""
+        `scope`, or with a longer one held by a live sequence of the same scope (`live`,
+        e.g. a request with the same system prompt that is still running); returns how
+        many tokens it now holds (0: nothing reused, seq still empty)."""
         want = np.asarray(tokens, dtype=np.int32)
         with self._lock:
             stats = self._stats.setdefault(scope, _ScopeStats())
             stats.lookups += 1
-            best, best_n = None, 0
-            for key, (s, entry) in self._entries.items():
-                if s == scope:
-                    n = common_prefix(entry.tokens, want)
-                    if n > best_n:
-                        best, best_n = key, n
-            if best is None or best_n < MIN_REUSE:
-                return 0
-            self._entries.move_to_end(best)
-            entry = self._entries[best][1]
+            best, best_n = self._longest(scope, want)
+            if best is not None:
+                self._entries.move_to_end(best)
+                entry = self._entries[best][1]
+        donor, donor_n = max(((s, common_prefix(np.asarray(backend.tokens(s), dtype=np.int32), want))
+                              for s in live), key=lambda x: x[1], default=(None, 0))
+        if max(best_n, donor_n) < MIN_REUSE:
+            return 0
         try:
-            backend.load_sequence(seq, entry.state, entry.tokens.tolist())
+            if donor_n > best_n:
+                state, _ = backend.save_sequence(donor)
+                backend.load_sequence(seq, state, backend.tokens(donor))
+            else:
+                backend.load_sequence(seq, entry.state, entry.tokens.tolist())
         except BackendError:  # a copy that will not go back in is dropped; the prompt is prefilled whole
             with self._lock:
                 stats.failed += 1
-                if best in self._entries:
+                if donor_n <= best_n and best in self._entries:
                     self._drop(best)
             return 0
-        backend.rollback(seq, best_n)
+        n = max(best_n, donor_n)
+        backend.rollback(seq, n)
         with self._lock:
             stats.hits += 1
-            stats.reused_tokens += best_n
-        return best_n
+            stats.live_hits += donor_n > best_n
+            stats.reused_tokens += n
+        return n
+
+    def reusable(self, scope: str | None, tokens: list[int]) -> int:
+        """How many of `tokens` a restore from the cached copies would fill (0: too few to reuse)."""
+        with self._lock:
+            n = self._longest(scope, np.asarray(tokens, dtype=np.int32))[1]
+        return n if n >= MIN_REUSE else 0
+
+    def _longest(self, scope: str | None, want: np.ndarray) -> tuple[int | None, int]:
+        best, best_n = None, 0
+        for key, (s, entry) in self._entries.items():
+            if s == scope:
+                n = common_prefix(entry.tokens, want)
+                if n > best_n:
+                    best, best_n = key, n
+        return best, best_n
 
     def keep(self, scope: str | None, backend: Backend, seq: int) -> None:
         """Save what `seq` holds for later requests in `scope` (before it is freed)."""
@@ -139,7 +167,8 @@ class PrefixCache:
             return len(keys)
 
     def stats(self) -> dict[str | None, dict]:
-        """Per scope: entries and tokens held, bytes of KV, lookups, hits, reused tokens,
+        """Per scope: entries and tokens held, bytes of KV, lookups, hits (live_hits of them
+        from running requests), reused tokens,
         evictions, and copies that failed to go out or back in."""
         with self._lock:
             out: dict[str | None, dict] = {}
@@ -148,6 +177,7 @@ class PrefixCache:
                 st = self._stats.get(scope, _ScopeStats())
                 out[scope] = {"entries": len(held), "tokens": sum(len(e.tokens) for e in held),
                               "bytes": sum(e.nbytes for e in held), "max_tokens": self.max_tokens,
-                              "lookups": st.lookups, "hits": st.hits, "reused_tokens": st.reused_tokens,
+                              "lookups": st.lookups, "hits": st.hits, "live_hits": st.live_hits,
+                              "reused_tokens": st.reused_tokens,
                               "evicted": st.evicted, "failed": st.failed}
             return out

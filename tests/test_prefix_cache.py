@@ -102,6 +102,48 @@ def test_batched_engine_requests_reuse_the_cache_and_emit_what_they_would_alone(
     assert all(r.cached_prompt_tokens >= 12 for r in results)
 
 
+def _together(llm: LLM, prompts: list[list[int]], scopes=None, method: str = "ar") -> list:
+    """Submit every prompt before the engine's first step, so they arrive as one wave."""
+    engine = Engine(llm, max_concurrency=len(prompts), start=False)
+    try:
+        handles = [engine.submit(p, SamplingParams(max_new_tokens=12), SpecConfig(method, k=4, cache_scope=s))
+                   for p, s in zip(prompts, scopes or [None] * len(prompts))]
+        engine.start()
+        return [h.result(timeout=60) for h in handles]
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("method", ["ar", "sd-suffix"])
+def test_a_wave_sharing_a_start_prefills_it_once_and_emits_what_each_would_alone(method):
+    prompts = [BASE + [i % 6, 5, 4 - i, 3] for i in range(4)]  # one 20-token "system prompt", four questions
+    ref = [_run(LLM(target=_toy()), p, method).token_ids for p in prompts]
+    cold = LLM(target=_toy(), max_sequences=4)
+    llm = LLM(target=_toy(), max_sequences=4, prefix_cache_tokens=1000)
+    _together(cold, prompts, method=method)
+    results = _together(llm, prompts, method=method)
+    assert [r.token_ids for r in results] == ref
+    assert [r.cached_prompt_tokens for r in results] == [0, 20, 20, 20]  # the first prefilled it; its KV was lent
+    if method == "ar":  # one row a token after the prompt, so the rows differ by the prompt rows shared
+        assert cold.target.scored_tokens - llm.target.scored_tokens == 3 * 20
+    stats = llm.prefix_cache_stats()[None]
+    assert (stats["hits"], stats["live_hits"], stats["reused_tokens"]) == (3, 3, 60)
+
+
+def test_a_running_request_never_lends_its_kv_to_another_scope():
+    prompts = [BASE + [1, 2], BASE + [3, 4], BASE + [5, 0]]
+    llm = LLM(target=_toy(), max_sequences=3, prefix_cache_tokens=1000)
+    results = _together(llm, prompts, scopes=["tenant-a", "tenant-b", "tenant-a"])
+    assert [r.cached_prompt_tokens for r in results] == [0, 0, 20]
+    assert llm.prefix_cache_stats()["tenant-b"]["live_hits"] == 0
+
+
+def test_without_the_prefix_cache_a_wave_prefills_every_prompt_whole():
+    prompts = [BASE + [i, 5] for i in range(3)]
+    results = _together(LLM(target=_toy(), max_sequences=3), prompts)
+    assert [r.cached_prompt_tokens for r in results] == [0, 0, 0]
+
+
 class _Unrestorable(ToyBackend):
     def load_sequence(self, seq, state, tokens):
         raise BackendError("llama.cpp could not restore a KV copy")
@@ -149,3 +191,19 @@ def test_real_model_kv_copy_is_bit_identical_and_greedy_output_unchanged(smollm)
     out = warm.generate(second, SamplingParams(max_new_tokens=16), SpecConfig("sd-suffix", k=4))
     ref = smollm.generate(second, SamplingParams(max_new_tokens=16), SpecConfig("ar"))
     assert out.cached_prompt_tokens > 0 and out.token_ids == ref.token_ids
+
+
+def test_real_model_wave_with_one_system_prompt_shares_its_kv_and_keeps_greedy_output(smollm):
+    """Three chats with one system prompt arrive together: the later two take its KV
+    from the first while it runs, and emit what they emit alone (SmolLM2's forwards
+    agree bit for bit across block sizes, so batch numerics do not enter here)."""
+    system = "You are a careful assistant who answers questions about Python in one short sentence."
+    questions = ["What does len() return?", "What is a tuple?", "How do I reverse a list?"]
+    prompts = [smollm.target.tokenize_chat([{"role": "system", "content": system}, {"role": "user", "content": q}])
+               for q in questions]
+    ref = [smollm.generate(p, SamplingParams(max_new_tokens=12), SpecConfig("ar")).token_ids for p in prompts]
+    llm = LLM(target=smollm.target, max_sequences=4, prefix_cache_tokens=10_000)
+    results = _together(llm, prompts)
+    assert [r.token_ids for r in results] == ref
+    assert results[0].cached_prompt_tokens == 0 and min(r.cached_prompt_tokens for r in results[1:]) >= 20
+    assert llm.prefix_cache_stats()[None]["live_hits"] == 2

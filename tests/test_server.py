@@ -395,6 +395,7 @@ def test_each_api_key_reuses_only_its_own_prompt_kv_and_usage_says_how_much():
         m = scrape(url, Authorization="Bearer key-a")
         a = (("scope", tenant_id("key-a")),)
         assert m[("speclm_prefix_cache_hits_total", a)] == 1
+        assert m[("speclm_prefix_cache_live_hits_total", a)] == 0  # one request at a time: no running KV to lend
         assert m[("speclm_prefix_cache_reused_tokens_total", a)] == len(start)
         assert m[("speclm_prefix_cache_entries", a)] == 2 and m[("speclm_prefix_cache_bytes", a)] > 0
         assert m[("speclm_prefix_cache_failed_total", a)] == 0

@@ -115,6 +115,8 @@ class _PrefixCacheCollector(_ScopeCollector):
                 "entries": g("speclm_prefix_cache_entries", "finished requests' KV copies held", labels=s),
                 "lookups": c("speclm_prefix_cache_lookups", "requests that looked the cache up", labels=s),
                 "hits": c("speclm_prefix_cache_hits", "requests that reused a cached prompt start", labels=s),
+                "live_hits": c("speclm_prefix_cache_live_hits", "of those, requests that took it from a "
+                               "running request's KV", labels=s),
                 "reused_tokens": c("speclm_prefix_cache_reused_tokens", "prompt tokens restored instead of "
                                    "prefilled", labels=s),
                 "evicted": c("speclm_prefix_cache_evicted", "copies evicted to keep the bound", labels=s),

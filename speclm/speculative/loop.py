@@ -9,7 +9,7 @@ With no proposer (K = 0) the same loop is plain autoregressive decoding.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -150,18 +150,25 @@ class Generation:
     def finished(self) -> bool:
         return self.stops.finished is not None
 
-    def begin(self) -> None:
-        """Take a KV sequence and let the proposer start; the prompt is not yet in the KV."""
+    def begin(self, live: Sequence[int] = ()) -> None:
+        """Take a KV sequence and let the proposer start; the prompt is not yet in the KV.
+        live: running sequences of our cache scope whose KV may hold our prompt's start."""
         self.t_begin = time.perf_counter()  # a scheduler may start us later than t_start
         self.seq = self.target.new_sequence()
         self.kv_len = 0  # prompt tokens (context[:-1] at the start) in the KV so far
         self.prompt_end = len(self.context) - 1  # where prefill stops: later tokens enter the KV by rounds
         if self.prefix_cache is not None:  # at least one row is still prefilled (hidden states need a forward)
             self.kv_len = self.cached_tokens = self.prefix_cache.restore(
-                self.cache_scope, self.target, self.seq, self.context[:max(0, self.prompt_end - 1)])
+                self.cache_scope, self.target, self.seq, self.reusable_prompt, live)
         if self.proposer is not None and self.k > 0:
             self.proposer.attach(self.target, self.seq)
             self.proposer.begin(self.context, self.params)
+
+    @property
+    def reusable_prompt(self) -> list[int]:
+        """The prompt tokens a KV copy may fill: all but the last row to prefill
+        (a proposer reading hidden states needs one forward) and the pending token."""
+        return self.context[:max(0, len(self.prompt_ids) - 2)]
 
     @property
     def prefill_left(self) -> list[int]:
