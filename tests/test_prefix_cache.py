@@ -8,6 +8,7 @@ import pytest
 
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
+from speclm.batch import plan_step, run_step
 from speclm.engine import Engine
 from speclm.errors import BackendError, InvalidRequestError
 from speclm.prefix_cache import MIN_REUSE, PrefixCache
@@ -142,6 +143,17 @@ def test_without_the_prefix_cache_a_wave_prefills_every_prompt_whole():
     prompts = [BASE + [i, 5] for i in range(3)]
     results = _together(LLM(target=_toy(), max_sequences=3), prompts)
     assert [r.cached_prompt_tokens for r in results] == [0, 0, 0]
+
+
+def test_a_request_waiting_for_a_shared_start_waits_one_step_and_can_be_cancelled_meanwhile():
+    llm = LLM(target=_toy(), max_sequences=3, prefix_cache_tokens=1000)
+    gens = [llm.start(BASE + [i, 5], SamplingParams(max_new_tokens=4), SpecConfig("ar")) for i in range(3)]
+    run_step(llm.target, plan_step(gens, llm.target.n_ctx))
+    assert [g.seq is not None for g in gens] == [True, False, False]  # the first prefilled the start alone
+    gens[2].close()  # cancelled while it waited: nothing to free, its result says so
+    assert gens[2].result().finish_reason == "cancelled"
+    run_step(llm.target, plan_step(gens[:2], llm.target.n_ctx))
+    assert gens[1].cached_tokens == 20 and llm.target.live_sequences == 2
 
 
 class _Unrestorable(ToyBackend):
