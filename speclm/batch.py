@@ -60,7 +60,8 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
               split: bool = False) -> list[Slot]:
     """Each request's part of the next forward (decoding requests first, then prefill
     chunks), at most `capacity` tokens in all. A request whose plan fails or which
-    finished without a forward (context full) gets a slot with no tokens.
+    finished without a forward (context full) gets a slot with no tokens; a new one
+    waiting for a running request's prompt start (`_begin_new`) gets no slot yet.
 
     A decoding request plans knowing the rest of the step (`share_step`): the blocks
     planned before it, one token for each request still to plan, and the prefill
