@@ -111,8 +111,8 @@ def _begin_new(gens: list[Generation], slots: list[Slot]) -> list[Generation]:
     ready: list[Generation] = []
     for gen in gens:
         if gen.seq is None:
-            donors = [g for g in ready if g.prefix_cache is not None and g.prefix_cache is gen.prefix_cache
-                      and g.cache_scope == gen.cache_scope]
+            donors = [g for g in ready if g.prefix_cache is gen.prefix_cache
+                      and g.cache_scope == gen.cache_scope] if gen.prefix_cache is not None else []
             if donors and _shared_start_is_coming(gen, donors):
                 continue
             try:
@@ -134,8 +134,8 @@ def _shared_start_is_coming(gen: Generation, donors: list[Generation]) -> bool:
     coming = max(common_prefix(np.asarray(d.context[:d.prompt_end], dtype=np.int32), want) for d in prefilling)
     if coming < MIN_REUSE:
         return False
-    now = max(common_prefix(np.asarray(d.target.tokens(d.seq), dtype=np.int32), want) for d in donors)
-    return coming > max(now, gen.prefix_cache.reusable(gen.cache_scope, gen.reusable_prompt))
+    return coming > gen.prefix_cache.reusable(gen.cache_scope, gen.reusable_prompt, gen.target,
+                                              [d.seq for d in donors])
 
 
 def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, prefill_chunk: int) -> list[list[int]]:

@@ -60,6 +60,12 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else m
 
 
+def _longest_live(backend: Backend, live: Sequence[int], want: np.ndarray) -> tuple[int | None, int]:
+    """(sequence, tokens) of the live sequence whose KV holds the longest start of `want`."""
+    return max(((s, common_prefix(np.asarray(backend.tokens(s), dtype=np.int32), want)) for s in live),
+               key=lambda x: x[1], default=(None, 0))
+
+
 class PrefixCache:
     """Finished requests' KV copies, per scope, bounded by `max_tokens` in all
     (least recently used first out). Thread-safe; the caller holds the
@@ -90,8 +96,7 @@ class PrefixCache:
             if best is not None:
                 self._entries.move_to_end(best)
                 entry = self._entries[best][1]
-        donor, donor_n = max(((s, common_prefix(np.asarray(backend.tokens(s), dtype=np.int32), want))
-                              for s in live), key=lambda x: x[1], default=(None, 0))
+        donor, donor_n = _longest_live(backend, live, want)
         if max(best_n, donor_n) < MIN_REUSE:
             return 0
         try:
@@ -114,10 +119,15 @@ class PrefixCache:
             stats.reused_tokens += n
         return n
 
-    def reusable(self, scope: str | None, tokens: list[int]) -> int:
-        """How many of `tokens` a restore from the cached copies would fill (0: too few to reuse)."""
+    def reusable(self, scope: str | None, tokens: list[int], backend: Backend | None = None,
+                 live: Sequence[int] = ()) -> int:
+        """How many of `tokens` a restore would fill now, from the cached copies or the
+        live sequences' KV (0: too few to reuse)."""
+        want = np.asarray(tokens, dtype=np.int32)
         with self._lock:
-            n = self._longest(scope, np.asarray(tokens, dtype=np.int32))[1]
+            n = self._longest(scope, want)[1]
+        if backend is not None:
+            n = max(n, _longest_live(backend, live, want)[1])
         return n if n >= MIN_REUSE else 0
 
     def _longest(self, scope: str | None, want: np.ndarray) -> tuple[int | None, int]:
