@@ -279,17 +279,23 @@ def test_toy_end_to_end_writes_every_file_and_interleaves(tmp_path):
 
 def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
-    args = parser().parse_args(["bench", "--target", "smollm2-135m", "--threads", "1", "--methods", "ar,sd-ngram",
-                                "--k", "3", "--categories", "humaneval,code-edit", "--prompts-per-category", "1",
-                                "--max-new-tokens", "16", "--no-wait-quiet", "--out", str(tmp_path / "smol")])
+    args = parser().parse_args(["bench", "--target", "smollm2-135m", "--threads", "1", "--methods",
+                                "ar,sd-ngram,sd-suffix", "--k", "3", "--categories", "humaneval,code-edit",
+                                "--prompts-per-category", "1", "--max-new-tokens", "16", "--no-wait-quiet",
+                                "--out", str(tmp_path / "smol")])
     assert args.func(args) == 0
-    requests, summary = check_outputs(tmp_path / "smol", 4)
+    requests, summary = check_outputs(tmp_path / "smol", 6)
+    # greedy with a suffix-drafting method: the copy ceiling per category (ceiling.py), v(1..4) timed
+    assert [(c["category"], c["methods"], c["k_max"]) for c in summary["copy_ceiling"]] == [
+        ("humaneval", ["sd-suffix"], 3), ("code-edit", ["sd-suffix"], 3)]
+    assert all(1.0 <= c["drafter_ceiling"] <= c["best_ceiling"] + 1e-9 for c in summary["copy_ceiling"])
+    assert "## Copy ceiling (greedy)" in (tmp_path / "smol" / "report.md").read_text()
     assert [r["chat"] for r in requests if r["method"] == "ar"] == [False, True]
     assert all(r["identity"] is not None for r in requests if r["method"] == "sd-ngram")
     manifest = json.loads((tmp_path / "smol" / "manifest.json").read_text())
     assert manifest["models"]["target"]["source"] == "registry" and manifest["models"]["draft"] is None
     out = capsys.readouterr().out
-    assert "sd-ngram K=3" in out and "p50 [min–max]" in out and f"report: {tmp_path / 'smol' / 'report.md'}" in out
+    assert "sd-ngram K=3" in out and "p50 [min–max]" in out and "copy ceiling for code-edit" in out and f"report: {tmp_path / 'smol' / 'report.md'}" in out
 
 
 def test_load_is_recorded_and_a_machine_that_gets_busy_is_flagged(monkeypatch):

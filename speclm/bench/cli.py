@@ -202,6 +202,11 @@ def print_main_table(summary: dict, console: Console | None = None) -> None:
         on = f" on {escape(v.get('target_name') or str(v.get('target')))}" if several else ""
         console.print(f"enable speculation for [bold]{escape(v['category'])}[/]{on} (T={v['temperature']:g})? "
                       f"{escape(v['evidence'] + identity_note(v))}")
+    for c in summary.get("copy_ceiling", []):
+        on = f" on {escape(c['target_name'])}" if several else ""
+        console.print(f"copy ceiling for {escape(c['category'])}{on}: a perfect controller would reach "
+                      f"{c['drafter_ceiling']:.2f}× AR decode-only with these suffix drafts, "
+                      f"{c['best_ceiling']:.2f}× with the best copy (report.md)")
     if summary.get("variants"):
         console.print(escape(summary["variants"]["best_sentence"]))
     for r in summary.get("ssd_projection", []):

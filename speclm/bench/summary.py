@@ -1,12 +1,14 @@
 """summary.json and report.md of a bench run: the per-group rows and verdicts
 (report.py) with the sections other modules compute — first vs second half
 (halves.py), contamination re-runs (contamination.py), the SSD projection
-(projection.py), Medusa heads (heads_report.py)."""
+(projection.py), Medusa heads (heads_report.py), the copy ceiling (ceiling.py, set by
+the sweep)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .ceiling import render as render_ceiling
 from .contamination import render as render_contamination
 from .contamination import summarize
 from .halves import halves
@@ -65,7 +67,7 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
     observed = (summary["config"].get("contamination") or {}).get("observed", {})
     trust_part = render_contamination(summary.get("contamination"), observed.get("reruns", []))
     parts += ["", "## Results", "", RATIOS_NOTE, "", md_table(MAIN_HEADER, table_rows(summary)), *trust_part,
-              *halves_part, *ssd_part, *render_heads(summary.get("medusa", []), summary["rows"]),
+              *halves_part, *render_ceiling(summary.get("copy_ceiling", []), summary["rows"]), *ssd_part, *render_heads(summary.get("medusa", []), summary["rows"]),
               "", "## Distributions (ms)", ""]
     dist_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                   *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -35,16 +36,16 @@ from ..api import LLM
 from ..backends.load import load_backend
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
-from . import compare
+from . import ceiling, compare
 from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..models.catalog import resolve_model
 from ..models.variants import SEP
 from .manifest import build_manifest, describe_model
-from .methods import BASELINE, parse_methods
+from .methods import BASELINE, TABLE, parse_methods
 from .plots import write_plots
 from .report import pair_with_ar, speedup_stats
 from .summary import build_summary, render_markdown
-from .runner import BenchConfig, BenchRun, TraceSink, make_arms, run_bench
+from .runner import BenchConfig, BenchRun, TraceSink, encode_prompts, make_arms, run_bench
 from .workloads import Prompt, prompt_set_hash
 
 V_KS = (1, 4, 8, 16)
@@ -90,9 +91,22 @@ def _model_entry(d: dict, quality: compare.Quality) -> dict:
             "ppl_tokens": quality.ppl_tokens, "agreement": quality.agreement, "agreement_note": quality.note}
 
 
-def _time_v(backend: Backend, tokens: list[list[int]]) -> dict:
-    context, block = compare.timing_block(tokens, max(V_KS))
-    return compare.v_summary(compare.time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
+def _time_v(backend: Backend, tokens: list[list[int]], max_block: int = 0) -> tuple[dict, dict[int, float]]:
+    """(v_ms entry over V_KS, median ms per block size timed): every size up to max_block is
+    timed too (the copy ceiling prices each round with them)."""
+    ks = sorted(set(V_KS) | set(range(1, max_block + 1)))
+    context, block = compare.timing_block(tokens, max(ks))
+    times = compare.time_blocks([backend], context, block, ks, V_REPEATS)[0]
+    return compare.v_summary({k: times[k] for k in V_KS}), {k: statistics.median(t) for k, t in times.items()}
+
+
+def suffix_configs(cfg: BenchConfig) -> tuple[list[str], int]:
+    """(the run's methods that draft by suffix, their largest K) — ([], 0) when none runs greedy."""
+    if 0 not in [float(t) for t in cfg.temperatures]:
+        return [], 0
+    found = [(m.name, k) for m, k in cfg.configs()
+             if TABLE[m.method].proposal_for(m.spec(k), has_draft=True) == "suffix"]
+    return list(dict.fromkeys(n for n, _ in found)), min(16, max((k for _, k in found), default=0))
 
 
 def merge_runs(runs: Sequence[BenchRun], load_before: tuple, started: float) -> BenchRun:
@@ -143,6 +157,8 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
     sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req * len(plan.targets), n_conc * len(plan.targets))
     runs: list[BenchRun] = []
     targets: list[dict] = []
+    ceilings: list[dict] = []
+    suffix_methods, suffix_k = suffix_configs(cfg)
     drafts: dict[str, tuple[Backend, dict]] = {}  # name -> (loaded backend, its variants entry)
     described: dict[str, dict] = {}  # name -> describe_model dict (for the manifest)
     used_threads = threads
@@ -151,7 +167,7 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
             be = load_backend(name, n_ctx, threads, max_seqs)
             q = compare.measure_quality(be, texts, run=False)
             described[name] = describe_model(name, be) or {}
-            drafts[name] = be, {**_model_entry(described[name], q), **_time_v(be, q.tokens)}
+            drafts[name] = be, {**_model_entry(described[name], q), **_time_v(be, q.tokens)[0]}
         ref: compare.Quality | None = None
         for name in plan.targets:
             tb = load_backend(name, n_ctx, threads, max_seqs)
@@ -179,7 +195,13 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
                 if len(plan.targets) > 1:
                     run.warnings = [f"{name}: {w}" for w in run.warnings]
                 runs.append(run)
-                entry.update(_time_v(tb, q.tokens))  # after its requests: the model is warm
+                v_ms, curve = _time_v(tb, q.tokens, suffix_k + 1)  # after its requests: the model is warm
+                entry.update(v_ms)
+                if suffix_methods:
+                    ids = dict(zip(((p.category, p.index) for p in prompts),
+                                   encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
+                    ceilings += ceiling.copy_ceiling(run.requests, ids, curve, k_max=suffix_k,
+                                                     suffix=cfg.base.suffix, methods=suffix_methods)
                 targets.append(entry)
             finally:
                 tb.close()
@@ -193,7 +215,7 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
                               text_labels=[label for label, _ in texts])
     return write_outputs(out_dir, run, cfg, prompts, targets=[described[t] for t in plan.targets],
                          drafts=[described[d] for d in plan.drafts], threads=used_threads, dataset=dataset,
-                         variants=variants)
+                         variants=variants, ceilings=ceilings)
 
 
 def _tok_s(recs: Sequence[dict]) -> float | None:
@@ -279,12 +301,15 @@ def build_variants(requests: Sequence[dict], targets: list[dict], drafts: list[d
 
 def write_outputs(out_dir: Path, run: BenchRun, cfg: BenchConfig, prompts: Sequence[Prompt], *,
                   targets: list[dict | None], drafts: list[dict | None], threads: int | None = None,
-                  dataset: str | None = None, variants: dict | None = None) -> dict:
+                  dataset: str | None = None, variants: dict | None = None,
+                  ceilings: list[dict] | None = None) -> dict:
     """summary.json, manifest.json, report.md and plots of `run`; `targets`/`drafts` are
     describe_model dicts (the first of each heads the manifest)."""
     summary = build_summary(run, cfg.to_dict())
     if variants is not None:
         summary["variants"] = variants
+    if ceilings:
+        summary["copy_ceiling"] = ceilings
     uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
     drafts = drafts if uses_draft else []
     manifest = build_manifest(

@@ -1,0 +1,165 @@
+"""The copy ceiling: how fast the drafts of a run could have gone with a perfect controller.
+
+A measured `auto` ÷ AR mixes two limits: what the drafter offers and what the
+controller makes of it. This module separates them, per target and category,
+from a run's own greedy AR outputs and its own cost curve v(b) (ms to score a
+block of b rows after compare.CONTEXT tokens, timed after the target's requests):
+
+- **drafter**: the AR outputs, in run order, are replayed through a fresh
+  SuffixProposer (the run's suffix settings, one shared cache per target as the
+  LLM has). At every position it drafts up to k_max tokens, of which the first
+  r agree with what the target then emitted.
+- **best occurrence**: an oracle whose draft at every position is the verbatim
+  run continuing the earlier occurrence of the context's last token (in earlier
+  requests, the prompt or the output so far; a run may go on into the draft
+  itself, as the drafter's does) that turns out longest. The suffix
+  drafter's draft is such a run (it follows occurrences of its matched suffix, at
+  least one token), so this is what copying could give at best.
+
+A perfect controller knows r at every position and picks each round's K (0..r)
+to finish the output at the least cost, a round of K accepted tokens costing
+v(K + 1) and emitting K + 1 (dynamic programming over positions). ceiling = AR's
+cost (n rounds of v(1)) ÷ that least cost: the decode-only speedup no choice of K
+beats with those drafts at those costs, and never below 1 (K = 0 throughout is
+AR). Greedy only (T = 0): at T > 0 acceptance is random. The report sets it
+beside the measured decode-only speedup of the methods that draft by suffix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..sampling import SamplingParams
+from ..speculative.proposers.suffix import SuffixProposer
+from ..speculative.proposers.suffix_index import SuffixCache, SuffixConfig
+from .methods import BASELINE
+from .tables import md_table
+
+MATCH = 1  # tokens an occurrence must share with the context's end to count
+
+
+def cost_ratios(curve: dict[int, float], k_max: int) -> list[float]:
+    """v(b) / v(1) for b = 0..k_max + 1 (index b; index 0 unused), sizes not timed
+    interpolated linearly between the timed ones."""
+    ks = sorted(curve)
+    if 1 not in curve or curve[1] <= 0:
+        raise ValueError("the cost curve needs v(1) > 0")
+    sizes = np.arange(0, k_max + 2)
+    return list(np.interp(sizes, ks, [curve[k] for k in ks]) / curve[1])
+
+
+def drafter_runs(proposer: SuffixProposer, prompt: list[int], output: list[int], k_max: int) -> list[int]:
+    """At every position i of the greedy `output`: how many of `proposer`'s (begun on prompt)
+    up to k_max drafted tokens agree with output[i:]."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=max(1, len(output)))
+    runs = []
+    for i in range(len(output)):
+        draft = proposer.propose(prompt + output[:i], k_max, params, None).tokens
+        r = 0
+        while r < len(draft) and i + r < len(output) and draft[r] == output[i + r]:
+            r += 1
+        runs.append(r)
+    proposer.update(prompt + output)
+    return runs
+
+
+def _chars(ids: Sequence[int]) -> str:
+    return "".join(chr(0x100 + t) for t in ids)  # one character per token: str.find does the matching
+
+
+def best_occurrence_runs(history: str, prompt: list[int], output: list[int], k_max: int,
+                         match: int = MATCH) -> list[int]:
+    """At every position of `output`: the best-occurrence oracle's run (module docstring), at
+    most k_max; `history` is _chars of the earlier requests' prompts and outputs, each after a NUL."""
+    text = history + "\0" + _chars(prompt)
+    out = _chars(output)
+    runs = []
+    for i in range(len(out)):
+        seen = text + out[:i]
+        key = seen[-match:] if i + len(prompt) >= match else None
+        r = 0  # a run may go on into its own draft (a repeat reaching the context's end keeps copying)
+        while key and r < k_max and i + r < len(out) and (seen + out[i:i + r]).find(key + out[i:i + r + 1]) >= 0:
+            r += 1
+        runs.append(r)
+    return runs
+
+
+def least_cost(runs: Sequence[int], ratio: Sequence[float]) -> tuple[float, int]:
+    """(least total cost in v(1) units, its number of rounds) to emit len(runs) tokens when a
+    round at position i may verify K <= runs[i] drafted tokens (all accepted) for ratio[K + 1]."""
+    n = len(runs)
+    cost, rounds = [0.0] * (n + 1), [0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best = min(range(min(runs[i], n - 1 - i) + 1), key=lambda k: ratio[k + 1] + cost[i + k + 1])
+        cost[i], rounds[i] = ratio[best + 1] + cost[i + best + 1], 1 + rounds[i + best + 1]
+    return cost[0], rounds[0]
+
+
+def copy_ceiling(requests: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]], curve: dict[int, float],
+                 *, k_max: int = 16, suffix: SuffixConfig | None = None, methods: Sequence[str] = ()) -> list[dict]:
+    """One row per category (run order) from one target's greedy AR requests (first repeat,
+    first max_new_tokens; `requests` in run order). prompt_ids: (category, index) -> the ids
+    the run encoded. `methods`: the run's methods that draft by suffix (the report compares them)."""
+    ar = [r for r in requests if r["method"] == BASELINE and r["temperature"] == 0 and r.get("repeat", 0) == 0
+          and r.get("token_ids") is not None]
+    if not ar:
+        return []
+    first_n = ar[0]["max_new_tokens"]
+    ar = [r for r in ar if r["max_new_tokens"] == first_n]
+    ratio = cost_ratios(curve, k_max)
+    cache, history, rows = SuffixCache(), "", []
+    for cat in dict.fromkeys(r["category"] for r in ar):
+        tokens, mine, best = 0, [0.0, 0], [0.0, 0]  # output tokens; (least cost, rounds) per drafter
+        for r in (r for r in ar if r["category"] == cat):
+            prompt, output = prompt_ids[(cat, r["prompt_index"])], list(r["token_ids"])
+            if not output:
+                continue
+            proposer = SuffixProposer(cache, suffix or SuffixConfig())
+            proposer.begin(prompt, SamplingParams(temperature=0.0))
+            for total, runs in ((mine, drafter_runs(proposer, prompt, output, k_max)),
+                                (best, best_occurrence_runs(history, prompt, output, k_max))):
+                c, n = least_cost(runs, ratio)
+                total[0] += c
+                total[1] += n
+            proposer.close()
+            history += "\0" + _chars(prompt) + _chars(output)
+            tokens += len(output)
+        if not tokens:
+            continue
+        rows.append({"category": cat, "target_name": ar[0].get("target_name"), "max_new_tokens": first_n,
+                     "k_max": k_max, "tokens": tokens, "methods": list(methods),
+                     "drafter_rounds": mine[1], "drafter_tokens_per_round": tokens / mine[1],
+                     "drafter_ceiling": tokens / mine[0],
+                     "best_rounds": best[1], "best_tokens_per_round": tokens / best[1],
+                     "best_ceiling": tokens / best[0]})
+    return rows
+
+
+def _measured(summary_rows: Sequence[dict], c: dict) -> str:
+    found = [r for r in summary_rows if r["category"] == c["category"] and r["method"] in c["methods"]
+             and r["temperature"] == 0 and r["max_new_tokens"] == c["max_new_tokens"]
+             and r.get("target_name") == c["target_name"]]
+    return ", ".join(f"{r['method']} K={r['k']} {r['decode_speedup']:.2f}×" for r in found
+                     if r.get("decode_speedup") is not None) or "-"
+
+
+def render(rows: Sequence[dict], summary_rows: Sequence[dict]) -> list[str]:
+    """The "Copy ceiling" section of report.md (empty without rows)."""
+    if not rows:
+        return []
+    several = len({r["target_name"] for r in rows}) > 1
+    body = [(c["category"] + (f" [{c['target_name']}]" if several else ""), _measured(summary_rows, c),
+             f"{c['drafter_ceiling']:.2f}× ({c['drafter_tokens_per_round']:.2f} tok/round)",
+             f"{c['best_ceiling']:.2f}× ({c['best_tokens_per_round']:.2f} tok/round)") for c in rows]
+    return ["", "## Copy ceiling (greedy)", "",
+            "Decode-only speedup over AR that a perfect controller (knowing how many drafted tokens the target "
+            "will accept, it picks every round's K for the least total cost) would reach with this run's cost "
+            "curve v(b), replaying the AR outputs in run order. "
+            "`suffix drafter`: this run's suffix drafter with a fresh cache. `best occurrence`: an oracle "
+            "that copies the longest verbatim continuation of any earlier occurrence of the last token (what "
+            "copying could give at best). A measured figure near the first ceiling means the controller loses "
+            "little; a low ceiling means the workload offers little to copy.", "",
+            md_table(("category", "measured decode-only", "ceiling: suffix drafter", "ceiling: best occurrence"),
+                     body)]
