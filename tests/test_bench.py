@@ -288,7 +288,8 @@ def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
     # greedy with a suffix-drafting method: the copy ceiling per category (ceiling.py), v(1..4) timed
     assert [(c["category"], c["methods"], c["k_max"]) for c in summary["copy_ceiling"]] == [
         ("humaneval", ["sd-suffix"], 3), ("code-edit", ["sd-suffix"], 3)]
-    assert all(1.0 <= c["drafter_ceiling"] <= c["best_ceiling"] + 1e-9 for c in summary["copy_ceiling"])
+    assert all(1.0 <= c["drafter_ceiling"] <= c["best_ceiling"] + 1e-9 and set(c["v_ms"]) == {"1", "2", "3", "4"}
+               for c in summary["copy_ceiling"])
     assert "## Copy ceiling (greedy)" in (tmp_path / "smol" / "report.md").read_text()
     assert [r["chat"] for r in requests if r["method"] == "ar"] == [False, True]
     assert all(r["identity"] is not None for r in requests if r["method"] == "sd-ngram")

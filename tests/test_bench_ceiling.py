@@ -93,7 +93,9 @@ def test_copy_ceiling_learns_across_a_categorys_requests_and_skips_other_records
                 _ar("edit", 4, [1] * 30, method="auto")]
     prompts = {("edit", i): [1, 2, 3] for i in range(5)}
     curve = {1: 10.0, 17: 10.0}  # flat: a perfect controller verifies every correct token
-    (row,) = ceiling.copy_ceiling(requests, prompts, curve, methods=["auto"])
+    ar = ceiling.greedy_ar(requests)
+    assert [r["prompt_index"] for r in ar] == [0, 1]
+    (row,) = ceiling.copy_ceiling(ar, prompts, {"edit": curve}, methods=["auto"])
     assert row["tokens"] == 60 and row["methods"] == ["auto"] and row["k_max"] == 16
     # request 0 has nothing to copy: 30 plain rounds. Request 1 finds request 0 in the cache; the
     # drafter drafts as many tokens as it has matched (3 after the prompt, then 7, then 15 at most):
@@ -103,7 +105,24 @@ def test_copy_ceiling_learns_across_a_categorys_requests_and_skips_other_records
 
 
 def test_copy_ceiling_is_empty_without_greedy_ar_records():
-    assert ceiling.copy_ceiling([_ar("c", 0, [5, 6], temperature=1.0)], {("c", 0): [1]}, {1: 1.0}) == []
+    assert ceiling.greedy_ar([_ar("c", 0, [5, 6], temperature=1.0)]) == []
+    assert ceiling.copy_ceiling([], {}, {}) == []
+
+
+def test_each_category_is_priced_by_its_own_curve():
+    requests = [_ar("a", 0, [7, 7, 7, 7]), _ar("b", 0, [7, 7, 7, 7])]
+    prompts = {("a", 0): [7, 7], ("b", 0): [7, 7]}
+    cheap, dear = {1: 10.0, 17: 10.0}, {1: 10.0, 2: 40.0, 17: 400.0}  # dear: no block ever pays
+    a, b = ceiling.copy_ceiling(ceiling.greedy_ar(requests), prompts, {"a": cheap, "b": dear})
+    assert a["drafter_ceiling"] > 1.0 and b["drafter_ceiling"] == pytest.approx(1.0)
+    assert b["v_ms"]["2"] == 40.0
+
+
+def test_timing_context_is_the_average_rounds_context_cut_from_real_tokens():
+    recs = [_ar("c", 0, [9] * 10, prompt_tokens=4), _ar("c", 1, [8] * 20, prompt_tokens=2)]
+    ids = {("c", 0): [1, 2, 3, 4], ("c", 1): [5, 6]}
+    ctx = ceiling.timing_context(recs, ids)  # (4 + 5 + 2 + 10) / 2 = 10.5 -> 10 tokens of request 1
+    assert ctx == [5, 6] + [8] * 8
 
 
 def test_render_sets_the_ceiling_beside_the_suffix_methods_measured_speedup():

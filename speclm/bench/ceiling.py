@@ -2,8 +2,12 @@
 
 A measured `auto` ÷ AR mixes two limits: what the drafter offers and what the
 controller makes of it. This module separates them, per target and category,
-from a run's own greedy AR outputs and its own cost curve v(b) (ms to score a
-block of b rows after compare.CONTEXT tokens, timed after the target's requests):
+from a run's own greedy AR outputs and its own cost curve v(b): the ms to score
+a block of b rows, timed after the target's requests, per category after as many
+tokens as the category's average round sees (a long context makes a one-row
+step dearer relative to a block on one file, cheaper on another: the shipped
+file's v(16) / v(1) was 7.5 after 64 tokens and 8.6 in multi-turn-edit's rounds,
+iq4_nl-pure's 8.1 and 6.5, run W21):
 
 - **drafter**: the AR outputs, in run order, are replayed through a fresh
   SuffixProposer (the run's suffix settings, one shared cache per target as the
@@ -21,23 +25,31 @@ to finish the output at the least cost, a round of K accepted tokens costing
 v(K + 1) and emitting K + 1 (dynamic programming over positions). ceiling = AR's
 cost (n rounds of v(1)) ÷ that least cost: the decode-only speedup no choice of K
 beats with those drafts at those costs, and never below 1 (K = 0 throughout is
-AR). Greedy only (T = 0): at T > 0 acceptance is random. The report sets it
-beside the measured decode-only speedup of the methods that draft by suffix.
+AR). It is an estimate: the curve is timed at one context length per category
+and a perfect controller seeks out whichever block size timed cheap, so the
+curve's noise moves it (run W21's ceilings from one curve timed after 64
+tokens and from per-category curves timed just after the run differed by up to
+0.2). Greedy only (T = 0): at T > 0 acceptance is
+random. The report sets it beside the measured decode-only speedup of the
+methods that draft by suffix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ..sampling import SamplingParams
 from ..speculative.proposers.suffix import SuffixProposer
 from ..speculative.proposers.suffix_index import SuffixCache, SuffixConfig
+from .compare import time_blocks
 from .methods import BASELINE
 from .tables import md_table
 
 MATCH = 1  # tokens an occurrence must share with the context's end to count
+REPEATS = 5  # timings per block size (median); each is noise a perfect controller would exploit
 
 
 def cost_ratios(curve: dict[int, float], k_max: int) -> list[float]:
@@ -97,20 +109,41 @@ def least_cost(runs: Sequence[int], ratio: Sequence[float]) -> tuple[float, int]
     return cost[0], rounds[0]
 
 
-def copy_ceiling(requests: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]], curve: dict[int, float],
-                 *, k_max: int = 16, suffix: SuffixConfig | None = None, methods: Sequence[str] = ()) -> list[dict]:
-    """One row per category (run order) from one target's greedy AR requests (first repeat,
-    first max_new_tokens; `requests` in run order). prompt_ids: (category, index) -> the ids
-    the run encoded. `methods`: the run's methods that draft by suffix (the report compares them)."""
+def greedy_ar(requests: Sequence[dict]) -> list[dict]:
+    """The AR records a ceiling is built from: greedy, first repeat, the first max_new_tokens
+    (run order kept)."""
     ar = [r for r in requests if r["method"] == BASELINE and r["temperature"] == 0 and r.get("repeat", 0) == 0
           and r.get("token_ids") is not None]
-    if not ar:
-        return []
-    first_n = ar[0]["max_new_tokens"]
-    ar = [r for r in ar if r["max_new_tokens"] == first_n]
-    ratio = cost_ratios(curve, k_max)
+    return [r for r in ar if r["max_new_tokens"] == ar[0]["max_new_tokens"]] if ar else []
+
+
+def timing_context(records: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]]) -> list[int]:
+    """Tokens to time a category's blocks after: as many as its average round sees (prompt plus
+    half the output, averaged over its requests), cut from its longest request's tokens."""
+    texts = [prompt_ids[(r["category"], r["prompt_index"])] + list(r["token_ids"]) for r in records]
+    n = round(sum(r["prompt_tokens"] + len(r["token_ids"]) / 2 for r in records) / len(records))
+    longest = max(texts, key=len)
+    return (longest * (1 + n // len(longest)))[:max(1, n)]
+
+
+def time_curve(backend, context: list[int], max_block: int) -> dict[int, float]:
+    """Median ms (of REPEATS) to score blocks of 1..max_block tokens after `context`
+    (trimmed so context and block fit the backend's context)."""
+    context = context[-max(1, backend.n_ctx - max_block - 1):]
+    block = (context * (1 + max_block // len(context)))[:max_block]
+    times = time_blocks([backend], context, block, list(range(1, max_block + 1)), REPEATS)[0]
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
+def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]],
+                 curves: Mapping[str, dict[int, float]], *, k_max: int = 16,
+                 suffix: SuffixConfig | None = None, methods: Sequence[str] = ()) -> list[dict]:
+    """One row per category (run order) from one target's greedy_ar records (run order).
+    prompt_ids: (category, index) -> the ids the run encoded; curves: category -> v(b) in ms.
+    `methods`: the run's methods that draft by suffix (the report compares them)."""
     cache, history, rows = SuffixCache(), "", []
     for cat in dict.fromkeys(r["category"] for r in ar):
+        ratio = cost_ratios(curves[cat], k_max)
         tokens, mine, best = 0, [0.0, 0], [0.0, 0]  # output tokens; (least cost, rounds) per drafter
         for r in (r for r in ar if r["category"] == cat):
             prompt, output = prompt_ids[(cat, r["prompt_index"])], list(r["token_ids"])
@@ -128,8 +161,9 @@ def copy_ceiling(requests: Sequence[dict], prompt_ids: dict[tuple[str, int], lis
             tokens += len(output)
         if not tokens:
             continue
-        rows.append({"category": cat, "target_name": ar[0].get("target_name"), "max_new_tokens": first_n,
-                     "k_max": k_max, "tokens": tokens, "methods": list(methods),
+        rows.append({"category": cat, "target_name": ar[0].get("target_name"),
+                     "max_new_tokens": ar[0]["max_new_tokens"], "k_max": k_max, "tokens": tokens,
+                     "methods": list(methods), "v_ms": {str(b): round(ms, 2) for b, ms in curves[cat].items()},
                      "drafter_rounds": mine[1], "drafter_tokens_per_round": tokens / mine[1],
                      "drafter_ceiling": tokens / mine[0],
                      "best_rounds": best[1], "best_tokens_per_round": tokens / best[1],
@@ -156,7 +190,8 @@ def render(rows: Sequence[dict], summary_rows: Sequence[dict]) -> list[str]:
     return ["", "## Copy ceiling (greedy)", "",
             "Decode-only speedup over AR that a perfect controller (knowing how many drafted tokens the target "
             "will accept, it picks every round's K for the least total cost) would reach with this run's cost "
-            "curve v(b), replaying the AR outputs in run order. "
+            "curve v(b) (timed per category after as many tokens as its average round sees), replaying the AR "
+            "outputs in run order; an estimate, which a measured figure can pass by the curve's noise. "
             "`suffix drafter`: this run's suffix drafter with a fresh cache. `best occurrence`: an oracle "
             "that copies the longest verbatim continuation of any earlier occurrence of the last token (what "
             "copying could give at best). A measured figure near the first ceiling means the controller loses "

@@ -67,7 +67,8 @@ def render_markdown(summary: dict, manifest: dict, plots: Sequence[str]) -> str:
     observed = (summary["config"].get("contamination") or {}).get("observed", {})
     trust_part = render_contamination(summary.get("contamination"), observed.get("reruns", []))
     parts += ["", "## Results", "", RATIOS_NOTE, "", md_table(MAIN_HEADER, table_rows(summary)), *trust_part,
-              *halves_part, *render_ceiling(summary.get("copy_ceiling", []), summary["rows"]), *ssd_part, *render_heads(summary.get("medusa", []), summary["rows"]),
+              *halves_part, *render_ceiling(summary.get("copy_ceiling", []), summary["rows"]), *ssd_part,
+              *render_heads(summary.get("medusa", []), summary["rows"]),
               "", "## Distributions (ms)", ""]
     dist_rows = [(r["category"], label(r, models), f"{r['temperature']:g}",
                   *(" / ".join(_f(r[key][q], ".0f") for q in ("p50", "p95", "p99"))

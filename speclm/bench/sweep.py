@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -91,13 +90,19 @@ def _model_entry(d: dict, quality: compare.Quality) -> dict:
             "ppl_tokens": quality.ppl_tokens, "agreement": quality.agreement, "agreement_note": quality.note}
 
 
-def _time_v(backend: Backend, tokens: list[list[int]], max_block: int = 0) -> tuple[dict, dict[int, float]]:
-    """(v_ms entry over V_KS, median ms per block size timed): every size up to max_block is
-    timed too (the copy ceiling prices each round with them)."""
-    ks = sorted(set(V_KS) | set(range(1, max_block + 1)))
-    context, block = compare.timing_block(tokens, max(ks))
-    times = compare.time_blocks([backend], context, block, ks, V_REPEATS)[0]
-    return compare.v_summary({k: times[k] for k in V_KS}), {k: statistics.median(t) for k, t in times.items()}
+def _time_v(backend: Backend, tokens: list[list[int]]) -> dict:
+    context, block = compare.timing_block(tokens, max(V_KS))
+    return compare.v_summary(compare.time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
+
+
+def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict], cfg: BenchConfig,
+                  methods: list[str], k_max: int) -> list[dict]:
+    """ceiling.copy_ceiling of one target's requests, each category priced by its own v(b)."""
+    ar = ceiling.greedy_ar(requests)
+    ids = dict(zip(((p.category, p.index) for p in prompts), encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
+    curves = {cat: ceiling.time_curve(llm.target, ceiling.timing_context([r for r in ar if r["category"] == cat], ids),
+                                      k_max + 1) for cat in dict.fromkeys(r["category"] for r in ar)}
+    return ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods)
 
 
 def suffix_configs(cfg: BenchConfig) -> tuple[list[str], int]:
@@ -167,7 +172,7 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
             be = load_backend(name, n_ctx, threads, max_seqs)
             q = compare.measure_quality(be, texts, run=False)
             described[name] = describe_model(name, be) or {}
-            drafts[name] = be, {**_model_entry(described[name], q), **_time_v(be, q.tokens)[0]}
+            drafts[name] = be, {**_model_entry(described[name], q), **_time_v(be, q.tokens)}
         ref: compare.Quality | None = None
         for name in plan.targets:
             tb = load_backend(name, n_ctx, threads, max_seqs)
@@ -195,13 +200,9 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
                 if len(plan.targets) > 1:
                     run.warnings = [f"{name}: {w}" for w in run.warnings]
                 runs.append(run)
-                v_ms, curve = _time_v(tb, q.tokens, suffix_k + 1)  # after its requests: the model is warm
-                entry.update(v_ms)
+                entry.update(_time_v(tb, q.tokens))  # after its requests: the model is warm
                 if suffix_methods:
-                    ids = dict(zip(((p.category, p.index) for p in prompts),
-                                   encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
-                    ceilings += ceiling.copy_ceiling(run.requests, ids, curve, k_max=suffix_k,
-                                                     suffix=cfg.base.suffix, methods=suffix_methods)
+                    ceilings += _copy_ceiling(llm, prompts, run.requests, cfg, suffix_methods, suffix_k)
                 targets.append(entry)
             finally:
                 tb.close()
