@@ -28,9 +28,8 @@ beats with those drafts at those costs, and never below 1 (K = 0 throughout is
 AR). It is an estimate: the curve is timed at one context length per category
 and a perfect controller seeks out whichever block size timed cheap, so the
 curve's noise moves it (run W21's ceilings from one curve timed after 64
-tokens and from per-category curves timed just after the run differed by up to
-0.2). Greedy only (T = 0): at T > 0 acceptance is
-random. The report sets it beside the measured decode-only speedup of the
+tokens and from per-category curves timed just after the run differed by
+-0.08 to +0.22). Greedy only (T = 0): at T > 0 acceptance is random. The report sets it beside the measured decode-only speedup of the
 methods that draft by suffix.
 """
 
