@@ -29,8 +29,9 @@ AR). It is an estimate: the curve is timed at one context length per category
 and a perfect controller seeks out whichever block size timed cheap, so the
 curve's noise moves it (run W21's ceilings from one curve timed after 64
 tokens and from per-category curves timed just after the run differed by
--0.08 to +0.22). Greedy only (T = 0): at T > 0 acceptance is random. The report sets it beside the measured decode-only speedup of the
-methods that draft by suffix.
+-0.08 to +0.22). Greedy only (T = 0): at T > 0 acceptance is random. The
+report sets it beside the measured decode-only speedup of the methods that
+draft by suffix.
 """
 
 from __future__ import annotations
