@@ -39,9 +39,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
-import numpy as np
-
 from ..sampling import SamplingParams
+from ..speculative.controller import CostModel
 from ..speculative.proposers.suffix import SuffixProposer
 from ..speculative.proposers.suffix_index import SuffixCache, SuffixConfig
 from .compare import time_blocks
@@ -54,12 +53,11 @@ REPEATS = 5  # timings per block size (median); each is noise a perfect controll
 
 def cost_ratios(curve: dict[int, float], k_max: int) -> list[float]:
     """v(b) / v(1) for b = 0..k_max + 1 (index b; index 0 unused), sizes not timed
-    interpolated linearly between the timed ones."""
-    ks = sorted(curve)
-    if 1 not in curve or curve[1] <= 0:
+    priced as the controller prices them (CostModel.verify)."""
+    if curve.get(1, 0) <= 0:
         raise ValueError("the cost curve needs v(1) > 0")
-    sizes = np.arange(0, k_max + 2)
-    return list(np.interp(sizes, ks, [curve[k] for k in ks]) / curve[1])
+    cost = CostModel(verify_ms=dict(curve))
+    return [0.0] + [cost.verify(b) / curve[1] for b in range(1, k_max + 2)]
 
 
 def drafter_runs(proposer: SuffixProposer, prompt: list[int], output: list[int], k_max: int) -> list[int]:
