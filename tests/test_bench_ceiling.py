@@ -119,7 +119,7 @@ def test_each_category_is_priced_by_its_own_curve():
 
 
 def test_timing_context_is_the_average_rounds_context_cut_from_real_tokens():
-    recs = [_ar("c", 0, [9] * 10, prompt_tokens=4), _ar("c", 1, [8] * 20, prompt_tokens=2)]
+    recs = [_ar("c", 0, [9] * 10), _ar("c", 1, [8] * 20)]
     ids = {("c", 0): [1, 2, 3, 4], ("c", 1): [5, 6]}
     ctx = ceiling.timing_context(recs, ids)  # (4 + 5 + 2 + 10) / 2 = 10.5 -> 10 tokens of request 1
     assert ctx == [5, 6] + [8] * 8

@@ -118,8 +118,9 @@ def greedy_ar(requests: Sequence[dict]) -> list[dict]:
 def timing_context(records: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]]) -> list[int]:
     """Tokens to time a category's blocks after: as many as its average round sees (prompt plus
     half the output, averaged over its requests), cut from its longest request's tokens."""
-    texts = [prompt_ids[(r["category"], r["prompt_index"])] + list(r["token_ids"]) for r in records]
-    n = round(sum(r["prompt_tokens"] + len(r["token_ids"]) / 2 for r in records) / len(records))
+    pairs = [(prompt_ids[(r["category"], r["prompt_index"])], list(r["token_ids"])) for r in records]
+    n = round(sum(len(p) + len(o) / 2 for p, o in pairs) / len(pairs))
+    texts = [p + o for p, o in pairs]
     longest = max(texts, key=len)
     return (longest * (1 + n // len(longest)))[:max(1, n)]
 
