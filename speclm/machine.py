@@ -1,0 +1,39 @@
+"""Facts about this machine that every layer may record: the CPU model and the
+instruction sets that decide which llama.cpp kernels can run (docs/kernels.md)."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+ISA_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "bmi2")  # the flags kernel choices depend on
+
+
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    out: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, _, value = line.partition(":")
+        out.setdefault(key.strip().lower(), value.strip())
+    return out
+
+
+def cpu_model() -> str:
+    """'model name' from /proc/cpuinfo, else platform.processor()."""
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_flags() -> tuple[str, ...]:
+    """Every CPU flag /proc/cpuinfo lists, sorted (empty where it lists none)."""
+    return tuple(sorted(set(_cpuinfo().get("flags", "").split())))
+
+
+def isa_flags() -> tuple[str, ...]:
+    """The instruction-set flags that matter to llama.cpp's kernels (AVX*, AMX*, FMA, F16C, ...)."""
+    return tuple(f for f in cpu_flags() if f.startswith(ISA_PREFIXES))
