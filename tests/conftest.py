@@ -12,3 +12,12 @@ def smollm():
     llm = LLM(target="smollm2-135m", max_sequences=4)
     yield llm
     llm.close()
+
+
+def pytest_configure(config):
+    """Kernel verdicts (speclm/backends/probe.py) stay in the user's own file even where a
+    test points SPECLM_CACHE_DIR at a scratch directory: the machine has not changed."""
+    import os
+    if "SPECLM_KERNELS_CACHE" not in os.environ:
+        from speclm.backends.probe import cache_path
+        os.environ["SPECLM_KERNELS_CACHE"] = str(cache_path())

@@ -40,6 +40,7 @@ class Backend(ABC):
     max_sequences: int | None = None  # sequences that can be live at once (None: unlimited)
     eos_ids: frozenset[int]  # tokens that end generation (EOS, EOT, chat end)
     bos_id: int | None
+    kernel_choice = None  # llama.cpp: the probe.KernelChoice it was loaded with (None: no kernels to choose)
 
     # ---- tokenizer -------------------------------------------------------
     @abstractmethod

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import BackendError, InvalidRequestError, ModelError
 from .base import Backend
+from .kernels import KernelConfig
 
 try:
     import llama_cpp as L
@@ -91,7 +92,9 @@ class LlamaCppBackend(Backend):
     """A GGUF model run by llama.cpp on the CPU."""
 
     def __init__(self, path: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_seq_max: int = 4):
+                 n_seq_max: int = 4, kernels: KernelConfig | None = None):
+        """kernels: the weight buffers to use (None: llama.cpp's default). Choose them
+        with `load_backend`, which proves them on this machine first (probe.py)."""
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
                                       or not 1 <= n_threads <= MAX_THREADS):
             raise InvalidRequestError(f"n_threads must be an integer in [1, {MAX_THREADS}] (--threads), "
@@ -102,6 +105,8 @@ class LlamaCppBackend(Backend):
         self.path = Path(path)
         self.name = str(self.path)
         mparams = L.llama_model_default_params()
+        if kernels is not None:
+            mparams.use_extra_bufts = kernels.use_extra_bufts
         _recent_errors.clear()
         self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:

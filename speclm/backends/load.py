@@ -9,13 +9,24 @@ from .base import Backend
 
 
 def load_backend(model: str | Backend, n_ctx: int = 4096, n_threads: int | None = None,
-                 max_sequences: int = 4) -> Backend:
-    """A Backend from a registered model name, a GGUF path, or a Backend as is."""
+                 max_sequences: int = 4, kernels: str | None = None, work: str = "speculation") -> Backend:
+    """A Backend from a registered model name, a GGUF path, or a Backend as is.
+
+    kernels: auto (default; $SPECLM_KERNELS overrides), a family (amx, repack,
+    plain) or a configuration (repack+tiled); checked on this machine in child
+    processes before the load, and the best usable one for `work`
+    ("speculation" or "decoding") taken (probe.py). The backend's
+    `kernel_choice` says which and why."""
     if isinstance(model, Backend):
         return model
     from ..models.catalog import resolve_model
     from .llamacpp import LlamaCppBackend
-    return LlamaCppBackend(resolve_model(model), n_ctx=n_ctx, n_threads=n_threads, n_seq_max=max_sequences)
+    from .probe import choose_kernels
+    path = resolve_model(model)
+    choice = choose_kernels(path, kernels, n_threads, work)
+    backend = LlamaCppBackend(path, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=max_sequences, kernels=choice.config)
+    backend.kernel_choice = choice
+    return backend
 
 
 def check_tokenizers(target: Backend, draft: Backend) -> None:

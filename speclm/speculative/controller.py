@@ -40,7 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..backends.base import Backend
@@ -152,25 +152,29 @@ class CostModel:
         return price
 
 
-def calibrate(target: Backend, draft: Backend | None, max_block: int, repeats: int = 2) -> CostModel:
-    """Seed a CostModel by timing blocks of 1..max_block tokens on the target
-    (and single steps on the draft), on a scratch sequence."""
+def calibrate(target: Backend, draft: Backend | None, max_block: int = 17, repeats: int = 2,
+              blocks: Sequence[int] | None = None, context: int = 64,
+              statistic: Callable[[list[float]], float] = min) -> CostModel:
+    """Seed a CostModel by timing blocks of 1..max_block tokens (or the sizes in
+    `blocks`) on the target after `context` tokens, `repeats` times each (the
+    `statistic` of them: min by default), and single steps on the draft, on a
+    scratch sequence."""
     cost = CostModel(passes=target.pass_rows, order=target.batch_order)
-    max_block = max(1, min(max_block, target.n_ctx // 2))
-    filler = [1] * min(64, target.n_ctx - max_block)  # a small context holds the filler and a block
-    times: dict[int, list[float]] = {b: [] for b in range(1, max_block + 1)}
+    sizes = sorted(set(blocks)) if blocks else list(range(1, max(1, min(max_block, target.n_ctx // 2)) + 1))
+    filler = [1] * min(context, target.n_ctx - sizes[-1])  # a small context holds the filler and a block
+    times: dict[int, list[float]] = {b: [] for b in sizes}
     seq = target.new_sequence()
     try:
         target.prefill(seq, filler)  # once: each block is scored on it, then rolled back (O(1))
         for _ in range(repeats):
             for block in times:
                 t0 = time.perf_counter()
-                target.score(seq, filler[:block])
+                target.score(seq, [1] * block)
                 times[block].append((time.perf_counter() - t0) * 1000)
                 target.rollback(seq, len(filler))
     finally:
         target.free(seq)
-    cost.verify_ms = {block: min(ts) for block, ts in times.items()}
+    cost.verify_ms = {block: statistic(ts) for block, ts in times.items()}
     if draft is not None:
         seq = draft.new_sequence()
         try:
