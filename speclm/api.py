@@ -14,12 +14,14 @@ measured cost models.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from .backends.base import Backend
+from .backends.kernels import check_request as check_kernels
 from .backends.load import check_tokenizers, load_backend  # noqa: F401  (public here too)
 from .errors import InvalidRequestError
 from .metrics import GenerationResult
@@ -38,16 +40,24 @@ class LLM:
     def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
                  n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2,
                  speculator=None, suffix_cache_tokens: int = 100_000, heads=None,
-                 prefix_cache_tokens: int = 0):
+                 prefix_cache_tokens: int = 0, kernels: str | None = None,
+                 kernels_for: str = "speculation"):
         """n_ctx: tokens per sequence; max_sequences: requests in flight at once;
         speculator: a SpeculatorConfig for method ssd (None: defaults);
         suffix_cache_tokens: bound of each suffix cache of earlier outputs (0: none);
         prefix_cache_tokens: bound of the finished requests' KV copies a later prompt with
         the same start reuses (0: off, so each request's numerics are its own);
-        heads: MedusaHeads for method medusa (None: loaded from the heads file on first use)."""
+        heads: MedusaHeads for method medusa (None: loaded from the heads file on first use);
+        kernels: llama.cpp kernels for every model (None: $SPECLM_KERNELS, else auto: each
+        configuration proven on this machine first, the fastest for `kernels_for`,
+        "speculation" or "decoding", taken; docs/kernels.md)."""
         from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+        if kernels_for not in ("speculation", "decoding"):
+            raise InvalidRequestError(f"kernels_for must be 'speculation' or 'decoding', got {kernels_for!r}")
         self._n_ctx, self._n_threads, self._max_seqs = n_ctx, n_threads, max_sequences
-        self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences)
+        self._kernels = check_kernels(kernels)
+        self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences, self._kernels,
+                                   kernels_for)
         self._draft_spec = draft if draft is not None else (DEFAULT_DRAFT if target is None else None)
         self._draft: Backend | None = None
         self._draft_lock = threading.Lock()
@@ -82,7 +92,8 @@ class LLM:
             if self._draft_spec is None:
                 raise InvalidRequestError("no draft model: this LLM needs a draft model for that: "
                                           "pass draft=NAME|PATH (--draft)")
-            backend = load_backend(self._draft_spec, self._n_ctx, self._n_threads, self._max_seqs)
+            backend = load_backend(self._draft_spec, self._n_ctx, self._n_threads, self._max_seqs, self._kernels,
+                                   "decoding")
             check_tokenizers(self.target, backend)
             self._draft = backend
         return self._draft
@@ -186,6 +197,8 @@ class LLM:
             if self._speculator is None:
                 draft = self.draft  # checks the tokenizers; also the fallback if the speculator dies
                 cfg = (self._speculator_cfg or SpeculatorConfig()).sized(self._n_ctx, self._max_seqs)
+                if cfg.kernels is None:
+                    cfg = dataclasses.replace(cfg, kernels=self._kernels)
                 self._speculator = SpeculatorSupervisor(model_spec(self._draft_spec, draft), cfg)
             return self._speculator.get()
 

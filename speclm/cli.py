@@ -1,4 +1,4 @@
-"""`speclm` command line: generate | models | serve | bench | heads.
+"""`speclm` command line: generate | models | serve | bench | heads | doctor.
 
 Every user-fixable error is printed as one line `speclm: error: ...` and the
 command exits 1 (2 for usage errors, as argparse does).
@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from .cli_options import add_spec_options, draft_for, spec_from_args, speculator_config
+from .cli_options import add_kernels_option, add_spec_options, draft_for, kernels_for, spec_from_args, speculator_config
 from .errors import SpeclmError
 
 
@@ -31,6 +31,7 @@ def _add_generate(sub) -> None:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--n-ctx", type=int, default=4096, help="context length per sequence")
     g.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    add_kernels_option(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--compare-ar", action="store_true",
                    help="also run plain decoding on the same prompt: speedup and identity")
@@ -46,6 +47,7 @@ def _add_speculator(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .bench.cli import add_bench_parser
+    from .doctor import add_doctor_parser
     from .heads.cli import add_heads_parser
     from .models.cli import add_models_parser
     from .server.cli import add_serve_parser
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     add_bench_parser(sub)
     add_heads_parser(sub)
+    add_doctor_parser(sub)
     return parser
 
 
@@ -72,11 +75,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
                             stop=tuple(args.stop))
     spec = spec_from_args(args)
     with LLM(target=args.target, draft=draft_for(args, spec), n_ctx=args.n_ctx, n_threads=args.threads,
-             speculator=speculator_config(args)) as llm:
+             speculator=speculator_config(args), kernels=args.kernels, kernels_for=kernels_for(spec)) as llm:
         if args.draft is not None:
             llm.draft  # a --draft given is checked now, even where the method drafts without it
         prompt_ids = llm.encode(prompt, chat=args.chat)
         llm.warmup(spec)
+        kernels = llm.target.kernel_choice
         stream = None if args.json else _stdout_stream
         result = llm.generate(prompt_ids, params, spec, on_text=stream)
         if not args.json:
@@ -88,6 +92,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 identity = compare_greedy(llm.target, prompt_ids, ar.token_ids, result.token_ids)
     if args.json:
         out = result.to_dict()
+        out["kernels"] = kernels.to_dict() if kernels is not None else None
         if ar is not None:
             out["ar"] = {"text": ar.text, "token_ids": ar.token_ids, "metrics": ar.summary.to_dict()}
             out["speedup"] = ar.summary.wall_ms / result.summary.wall_ms
@@ -95,7 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             out["identity"] = identity.to_dict() if identity else None
         print(json.dumps(out))
     else:
-        print_stats(result, ar, identity)
+        print_stats(result, ar, identity, kernels)
     return 0
 
 

@@ -14,6 +14,28 @@ from .speculative.methods import get_method
 SPECULATOR_FLAGS = ("--speculator-threads", "--speculator-cores", "--speculator-addr", "--speculator-timeout")
 
 
+def _kernels(text: str) -> str:
+    from .backends.kernels import check_request
+    try:
+        return check_request(text)
+    except InvalidRequestError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_kernels_option(p: argparse.ArgumentParser) -> None:
+    """--kernels: the llama.cpp kernels every model of the command loads with."""
+    p.add_argument("--kernels", type=_kernels, default=None, metavar="auto|amx|repack|plain",
+                   help="llama.cpp kernels: auto (default; $SPECLM_KERNELS overrides) proves each configuration "
+                        "on this machine in a child process once and takes the fastest that works; a family "
+                        "(amx, repack, plain) or a configuration (e.g. repack+tiled) forces it "
+                        "(`speclm doctor` shows the verdicts)")
+
+
+def kernels_for(spec: SpecConfig) -> str:
+    """What auto kernels should be fastest at for a command whose default method is spec's."""
+    return "decoding" if get_method(spec.method).proposal is None else "speculation"
+
+
 def add_spec_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """Add a flag for every declared SpecConfig option (except the field names in
     `skip`), method sections in their own group, plus the speculator's placement."""

@@ -14,12 +14,15 @@ def _fmt(value, spec: str = ".2f", missing: str = "-") -> str:
 
 
 def stats_rows(result: GenerationResult, ar: GenerationResult | None,
-               identity: IdentityReport | None) -> list[tuple[str, str]]:
+               identity: IdentityReport | None, kernels=None) -> list[tuple[str, str]]:
+    """kernels: the target's probe.KernelChoice (None: a backend without kernels to choose)."""
     s = result.summary
     rows = [
         ("method", f"{result.method} (K={result.k})" if result.method != "ar" else "ar"),
         ("target (lossless against)", result.target),
     ]
+    if kernels is not None:
+        rows.append(("kernels", f"{kernels.name} ({kernels.reason})"))
     if result.draft:
         rows.append(("proposer", result.draft))
     rows += [
@@ -44,10 +47,10 @@ def stats_rows(result: GenerationResult, ar: GenerationResult | None,
 
 
 def print_stats(result: GenerationResult, ar: GenerationResult | None = None,
-                identity: IdentityReport | None = None) -> None:
+                identity: IdentityReport | None = None, kernels=None) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-    for key, value in stats_rows(result, ar, identity):
+    for key, value in stats_rows(result, ar, identity, kernels):
         table.add_row(key, value)
     Console(stderr=False, highlight=False).print(table)

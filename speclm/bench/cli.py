@@ -25,7 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..api import LLM
-from ..cli_options import add_spec_options, spec_from_args, speculator_config
+from ..cli_options import add_kernels_option, add_spec_options, spec_from_args, speculator_config
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
 from ..prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
@@ -97,6 +97,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="a small smoke sweep (~2 prompts × 3 categories, "
                    "K=4, greedy, 48 tokens); explicit flags override it")
     b.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: all cores)")
+    add_kernels_option(b)
     b.add_argument("--n-ctx", type=int, default=4096, help="context per sequence (default 4096)")
     b.add_argument("--ignore-eos", action="store_true", help="always generate max-new-tokens tokens")
     b.add_argument("--prefix-cache-tokens", type=int, default=None, metavar="N",
@@ -238,7 +239,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         err.print(f"[bold red]WARNING:[/] {escape(warning)}")
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     out = run_sweep(plan, prompts, cfg, out_dir, n_ctx=args.n_ctx, threads=args.threads, dataset=args.dataset,
-                    variant_quality=args.variant_quality, progress=True, speculator=speculator_config(args))
+                    variant_quality=args.variant_quality, progress=True, speculator=speculator_config(args),
+                    kernels=args.kernels)
     print_main_table(out["summary"])
     print(f"report: {out['report']}")
     return 0

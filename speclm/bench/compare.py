@@ -198,7 +198,7 @@ def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | 
     ``quality=False`` skips the perplexity/agreement pass (timings only: perplexity,
     agreement and ar_same_prefix are None)."""
     from speclm.api import LLM, SpecConfig
-    from speclm.backends.llamacpp import LlamaCppBackend
+    from speclm.backends.load import load_backend
     from speclm.models.catalog import resolve_model
     from speclm.sampling import SamplingParams
     from speclm.speculative.identity import batch_noise
@@ -219,7 +219,7 @@ def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | 
     try:
         for name, path in zip(names, paths):
             t0 = time.perf_counter()
-            backends.append(LlamaCppBackend(path, n_ctx=N_CTX, n_threads=n_threads, n_seq_max=2))
+            backends.append(load_backend(str(path), N_CTX, n_threads, 2))
             say(f"loaded {name} in {time.perf_counter() - t0:.1f} s")
         rows: list[dict] = []
         ref_q: Quality | None = None

@@ -146,9 +146,10 @@ class ProgressBars:
 
 def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path, *, n_ctx: int = 4096,
               threads: int | None = None, dataset: str | None = None, variant_quality: bool = False,
-              progress: bool = True, speculator=None) -> dict:
+              progress: bool = True, speculator=None, kernels: str | None = None) -> dict:
     """Run the sweep over plan's targets × drafts and write every output into out_dir
-    (see write_outputs). Returns {"summary", "manifest", "report"}."""
+    (see write_outputs). Returns {"summary", "manifest", "report"}. kernels: as
+    `LLM(kernels=...)`; every model's choice is in the manifest."""
     if variant_quality and n_ctx < compare.N_CTX:
         raise InvalidRequestError(f"--variant-quality scores texts of up to {compare.N_CTX} tokens: "
                                   f"raise --n-ctx to {compare.N_CTX} or more")
@@ -169,13 +170,13 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
     used_threads = threads
     try:
         for name in plan.drafts:
-            be = load_backend(name, n_ctx, threads, max_seqs)
+            be = load_backend(name, n_ctx, threads, max_seqs, kernels, "decoding")
             q = compare.measure_quality(be, texts, run=False)
             described[name] = describe_model(name, be) or {}
             drafts[name] = be, {**_model_entry(described[name], q), **_time_v(be, q.tokens)}
         ref: compare.Quality | None = None
         for name in plan.targets:
-            tb = load_backend(name, n_ctx, threads, max_seqs)
+            tb = load_backend(name, n_ctx, threads, max_seqs, kernels)
             try:
                 used_threads = used_threads or tb.n_threads
                 q = compare.measure_quality(tb, texts, ref, run=variant_quality)
@@ -188,8 +189,8 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
                 described[name] = describe_model(name, tb) or {}
                 entry = _model_entry(described[name], q)
                 kv = cfg.prefix_cache_tokens
-                llm = LLM(target=tb, prefix_cache_tokens=kv)  # wraps the loaded backends: loads nothing
-                d_llms = {d: (LLM(target=tb, draft=be, speculator=speculator, prefix_cache_tokens=kv),
+                llm = LLM(target=tb, prefix_cache_tokens=kv, kernels=kernels)  # wraps the loaded backends
+                d_llms = {d: (LLM(target=tb, draft=be, speculator=speculator, prefix_cache_tokens=kv, kernels=kernels),
                               {"draft_name": d, "draft_sha256": e["sha256"]})
                           for d, (be, e) in drafts.items()}
                 run = run_bench(llm, prompts, cfg, sink, bars.on_request, bars.on_concurrency,

@@ -329,6 +329,9 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         running, queued = state.engine.load
         body = {"status": "shutting_down" if state.closing else "ok", "model": state.model_id,
                 "running": running, "queued": queued}
+        kernels = state.llm.target.kernel_choice
+        if kernels is not None:
+            body["kernels"] = {"name": kernels.name, "reason": kernels.reason}
         speculator = state.llm.speculator_state()
         if speculator is not None:  # SSD in use: {"state": "alive" | "lost", "restarts", "pid", "reason"}
             body["speculator"] = speculator

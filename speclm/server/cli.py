@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from ..api import LLM
 from ..errors import InvalidRequestError
 from ..prefix_cache import PREFIX_CACHE_TOKENS
-from ..cli_options import add_spec_options, draft_for, spec_from_args, speculator_config
+from ..cli_options import add_kernels_option, add_spec_options, draft_for, kernels_for, spec_from_args, speculator_config
 from .app import ServerConfig, create_app
 from .tenants import split_keys
 
@@ -73,6 +73,7 @@ def add_serve_parser(subparsers) -> None:
                    "so a prompt that starts like an earlier one of the same API key prefills only the rest "
                    f"(default {PREFIX_CACHE_TOKENS}, ~28 KB a token on the default target; 0: off)")
     s.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    add_kernels_option(s)
     add_spec_options(s)  # the defaults for requests that do not set `speculative`
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     s.set_defaults(func=cmd_serve)
@@ -92,7 +93,7 @@ def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
     spec = spec_from_args(args)
     llm = LLM(target=args.target, draft=draft_for(args, spec), n_ctx=args.n_ctx, n_threads=args.threads,
               max_sequences=args.max_concurrency, speculator=speculator_config(args),
-              prefix_cache_tokens=args.prefix_cache_tokens)
+              prefix_cache_tokens=args.prefix_cache_tokens, kernels=args.kernels, kernels_for=kernels_for(spec))
     try:
         config = ServerConfig(
             model_id=_model_id(args), max_tokens_limit=args.max_tokens_limit,

@@ -62,7 +62,7 @@ class SpeculatorConfig:
     tcp://host:5555) instead of spawning one; timeout_s: longest wait for one
     block before the speculator counts as lost; sessions: requests it serves at
     once (None: the LLM's max_sequences); max_sequences: its KV sequences (None:
-    sessions × (fan-out + 1), at most 64). A lost speculator is restarted by the
+    sessions × (fan-out + 1), at most 64); kernels: as `LLM(kernels=...)`. A lost speculator is restarted by the
     next SSD request: at once the first time, then after restart_backoff_s,
     doubling while it keeps dying within stable_s of its start; after
     max_restarts such failures in a row SSD requests stay synchronous.
@@ -76,6 +76,7 @@ class SpeculatorConfig:
     max_sequences: int | None = None
     sessions: int | None = None
     n_ctx: int = 4096
+    kernels: str | None = None  # the draft's llama.cpp kernels (None: the LLM's request)
     max_restarts: int = 5
     restart_backoff_s: float = 1.0
     stable_s: float = 60.0
@@ -119,6 +120,8 @@ class SpeculatorProcess:
             cmd += ["--threads", str(self.cfg.threads)]
         if self.cfg.cores:
             cmd += ["--cores", ",".join(map(str, self.cfg.cores))]
+        if self.cfg.kernels:
+            cmd += ["--kernels", self.cfg.kernels]
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=self._stderr)

@@ -52,12 +52,13 @@ def model_spec(spec, backend: Backend) -> str:
     raise ValueError(f"cannot run draft {backend.name} in a speculator process: pass a model name or GGUF path")
 
 
-def load_model(spec: str, n_ctx: int, threads: int | None, max_sequences: int) -> Backend:
+def load_model(spec: str, n_ctx: int, threads: int | None, max_sequences: int,
+               kernels: str | None = None) -> Backend:
     if spec.startswith(TOY_PREFIX):
         from ...backends.toy import ToyBackend
         return ToyBackend(**json.loads(spec[len(TOY_PREFIX):]))
     from ...backends.load import load_backend
-    return load_backend(spec, n_ctx, threads, max_sequences)
+    return load_backend(spec, n_ctx, threads, max_sequences, kernels=kernels, work="decoding")
 
 
 class Worker:
@@ -175,12 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=None, help="requests served at once: each may fork "
                     "max-sequences / sessions - 1 branches (default: max-sequences / (fan-out 8 + 1))")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
+    ap.add_argument("--kernels", default=None, help="llama.cpp kernels for the draft (default: auto, or "
+                    "$SPECLM_KERNELS)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the verifier's: it shuts us down
     if args.cores:
         os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
     try:
-        backend = load_model(args.model, args.n_ctx, args.threads, args.max_sequences)
+        backend = load_model(args.model, args.n_ctx, args.threads, args.max_sequences, args.kernels)
     except Exception as exc:
         print(f"speculator: cannot load {args.model}: {exc}", file=sys.stderr)
         return 2
