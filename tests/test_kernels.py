@@ -94,6 +94,13 @@ def test_verdicts_are_cached_and_a_changed_machine_key_probes_again(verdicts, sm
     assert len(json.loads(verdicts.read_text())) == 2  # one entry per machine key
 
 
+def test_a_configuration_checked_only_as_the_small_models_screen_is_timed_when_that_model_loads(verdicts,
+                                                                                                smol_path):
+    probe._record(smol_path, {"repack": probe.Verdict("repack", "ok")})  # what a larger model's screen leaves
+    choice = choose(smol_path, "repack")
+    assert choice.verdicts["repack"].v_ms and set(choice.verdicts["repack"].v_ms) == set(probe.TIMED_BLOCKS)
+
+
 def test_forcing_a_configuration_the_probe_found_broken_names_the_verdict_and_the_fix(verdicts, smol_path,
                                                                                        monkeypatch):
     monkeypatch.setenv(probe.FAULT_ENV, "repack:segv")
