@@ -28,7 +28,8 @@ from .metrics import GenerationResult
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
 from .speculative.config import MAX_K, SpecConfig  # noqa: F401  (public here)
-from .speculative.controller import Calibration, CostModel, calibrate
+from .costs import CostModel, calibrate
+from .speculative.controller import Calibration
 from .speculative.loop import Generation
 from .speculative.methods import METHODS, PROPOSALS, get_method  # noqa: F401  (METHODS: the table)
 from .speculative.proposers.suffix_index import SuffixCache

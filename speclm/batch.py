@@ -32,7 +32,7 @@ import numpy as np
 
 from .backends.base import Backend
 from .prefix_cache import MIN_REUSE, common_prefix
-from .speculative.controller import CostModel
+from .costs import CostModel
 from .speculative.loop import Generation, distributions
 from .speculative.proposers.base import Draft
 

@@ -19,7 +19,7 @@ import pytest
 
 from speclm import LLM
 from speclm.backends.toy import ToyBackend
-from speclm.speculative.controller import CostModel
+from speclm.costs import CostModel
 
 # (sequence ids in submission order, block lengths)
 SHAPES = [([0, 1, 2], [1, 1, 1]), ([0, 1, 2], [1, 3, 5]), ([2, 0, 1], [2, 2, 7]), ([0, 2], [1, 1]),

@@ -164,7 +164,7 @@ def test_a_prompt_longer_than_the_prefill_chunk_is_prefilled_in_chunks_while_oth
 def test_the_controller_stops_speculating_when_the_shared_forward_is_compute_bound():
     """Goodput of the whole step: alone a long block pays; beside 15 other tokens on a
     curve where every extra token costs a full step, K falls to 0."""
-    from speclm.speculative.controller import CostModel
+    from speclm.costs import CostModel
     cost = CostModel(verify_ms={1: 30.0, 2: 34.0, 4: 40.0, 8: 55.0, 16: 480.0, 24: 720.0, 32: 960.0})
     ctl = GoodputController(cost, k_max=7, alpha_prior=0.9, prior_weight=100)
     assert ctl.choose(7)[0] > 0
@@ -176,7 +176,7 @@ def test_a_block_longer_than_the_others_is_priced_as_a_pass_of_its_own():
     """Beside 15 one-token blocks a 4-token block costs v(16) + v(3) where llama.cpp
     splits the forward by sequence, not v(19): a K that pays in one pass does not
     pay when it adds a pass."""
-    from speclm.speculative.controller import CostModel
+    from speclm.costs import CostModel
     curve = {1: 60.0, 2: 100.0, 3: 130.0, 4: 160.0, 8: 380.0, 16: 497.0, 20: 560.0}
 
     def k_beside(passes):
@@ -230,7 +230,7 @@ def test_drafting_beside_a_prefill_chunk_must_yield_as_much_as_the_prompt_rows_i
     256-row prefill chunk looks cheap when the chunk's rows count for nothing (its
     rows only make the step slow); counted as the work they are, it does not pay:
     each drafted row would delay a prompt row for less than a row's yield."""
-    from speclm.speculative.controller import CostModel
+    from speclm.costs import CostModel
     curve = {1: 47.0, 2: 78.0, 4: 116.0, 8: 283.0, 16: 384.0, 32: 780.0, 64: 1428.0, 128: 2943.0, 256: 6946.0}
     ctl = GoodputController(CostModel(verify_ms=curve), k_max=15, alpha_prior=0.8, prior_weight=100)
     assert ctl.choose(15)[0] > 0  # alone, drafting pays
@@ -276,7 +276,7 @@ def test_a_step_runs_as_smaller_forwards_where_the_measured_curve_prices_them_ch
     from types import SimpleNamespace
 
     from speclm.batch import Slot, forwards
-    from speclm.speculative.controller import CostModel
+    from speclm.costs import CostModel
 
     def slots(n):
         return [Slot(SimpleNamespace(seq=i), [7]) for i in range(n)]
@@ -295,7 +295,8 @@ def test_a_drafted_row_is_priced_in_the_forwards_the_step_will_run_as():
     a draft look nearly free (v(9) − v(8) = 15 ms), but the step runs split, 2 v(4) =
     260 ms, and a draft pushes it back to one forward of 345 ms: the engine that
     splits must see that and decode plainly."""
-    from speclm.speculative.controller import CostModel, GoodputController
+    from speclm.costs import CostModel
+    from speclm.speculative.controller import GoodputController
     curve = {1: 60.0, 2: 100.0, 3: 115.0, 4: 130.0, 5: 200.0, 6: 260.0, 8: 330.0, 9: 345.0, 10: 360.0,
              12: 380.0, 16: 436.0}
     cost = CostModel(verify_ms=curve)
@@ -315,7 +316,7 @@ def test_a_drafted_row_is_priced_in_the_forwards_the_step_will_run_as():
 def test_split_forwards_change_nothing_but_the_forwards():
     """With a curve on which every step is cheaper split, eight requests (mixed methods
     and sampling) still emit exactly their solo outputs."""
-    from speclm.speculative.controller import CostModel
+    from speclm.costs import CostModel
     target = CountingToy(6, seed=4, n_ctx=512)
     llm = toy_llm(target)
     jobs = (MIXED + MIXED)[:8]

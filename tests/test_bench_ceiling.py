@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from speclm.bench import ceiling
+from speclm.costs import cost_ratios
 from speclm.sampling import SamplingParams
 from speclm.speculative.proposers.suffix import SuffixProposer
 from speclm.speculative.proposers.suffix_index import SuffixCache
@@ -17,7 +18,7 @@ FLAT = [0.0] + [1.0] * 20  # every block costs one decode step
 
 
 def test_cost_ratios_interpolate_untimed_block_sizes():
-    r = ceiling.cost_ratios({1: 10.0, 3: 30.0, 5: 20.0}, k_max=4)
+    r = cost_ratios({1: 10.0, 3: 30.0, 5: 20.0}, k_max=4)
     assert r[1:] == pytest.approx([1.0, 2.0, 3.0, 2.5, 2.0])
 
 

@@ -80,7 +80,7 @@ from speclm.heads.model import MedusaHeads
 from speclm.metrics import GenerationResult, RoundRecord
 from speclm.sampling import sample, target_probs
 from speclm.speculative import loop
-from speclm.speculative.controller import CostModel
+from speclm.costs import CostModel
 from speclm.speculative.proposers.draft_model import DraftModelProposer
 
 from .stats import Verdict, check_conditionals

@@ -129,7 +129,8 @@ def test_a_broken_acceptance_rule_fails_the_same_check(monkeypatch):
 def test_adaptive_k_keeps_the_target_distribution():
     """K chosen each round from past acceptance (method auto) is still lossless:
     the choice depends only on the past, never on the token being verified."""
-    from speclm.speculative.controller import CostModel, GoodputController
+    from speclm.costs import CostModel
+    from speclm.speculative.controller import GoodputController
 
     params_kw = SETTINGS["t1.0"]
     exact = exact_distribution(make_target(), PROMPT, SamplingParams(**params_kw), N_TOKENS)

@@ -15,7 +15,8 @@ from speclm.backends.toy import ToyBackend
 from speclm.errors import InvalidRequestError
 from speclm.sampling import SamplingParams
 from speclm.speculative import loop
-from speclm.speculative.controller import Calibration, CostModel, GoodputController
+from speclm.costs import CostModel
+from speclm.speculative.controller import Calibration, GoodputController
 from speclm.speculative.proposers.suffix import SuffixProposer
 from speclm.speculative.proposers.suffix_index import LEVELS, SuffixCache, SuffixConfig
 

@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import errors
-from ..errors import InvalidRequestError
+from ..errors import BackendError, InvalidRequestError, ModelError, SpeclmError, TokenizerMismatchError
 from ..machine import cpu_flags, cpu_model
 from . import kernels as K
 
@@ -194,7 +193,8 @@ def _run_child(config: K.KernelConfig, path: Path, out: Path, threads: int, time
         return Verdict(config.name, "hung", f"no answer within {limit:.0f} s", probed_at=now)
     if proc.returncode == MODEL_UNUSABLE:  # the file, not the kernels: the same error as a load here
         found = json.loads(proc.stdout.strip().splitlines()[-1])
-        raise getattr(errors, found["type"], errors.ModelError)(found["message"])
+        kinds = {e.__name__: e for e in (BackendError, InvalidRequestError, ModelError, TokenizerMismatchError)}
+        raise kinds.get(found["type"], ModelError)(found["message"])
     if proc.returncode < 0:
         name = signal.Signals(-proc.returncode).name
         return Verdict(config.name, "crashed", f"killed by {name}", probed_at=now)
@@ -269,7 +269,7 @@ class Prober:
 def goodput(v_ms: dict[int, float], work: str) -> float:
     """Tokens per second the curve gives: 1000 / v(1) for decoding; for speculation,
     the geometric mean over GOODPUT_ALPHAS of the best E(α, K) / v(K + 1)."""
-    from ..speculative.controller import CostModel, expected_emitted
+    from ..costs import CostModel, expected_emitted
     if not v_ms:
         return 0.0
     if work == "decoding":
@@ -406,7 +406,7 @@ def _child(args: argparse.Namespace) -> int:
     try:
         backend = LlamaCppBackend(args.model, n_ctx=PROBE_CONTEXT + 2 * max(TIMED_BLOCKS),
                                   n_threads=args.threads, n_seq_max=1, kernels=config)
-    except errors.SpeclmError as exc:
+    except SpeclmError as exc:
         print(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
         return MODEL_UNUSABLE
     tokens = (backend.tokenize(_TEXT, add_special=False) * 4)[:16 + max(PROBE_BLOCKS)]
@@ -425,7 +425,7 @@ def _child(args: argparse.Namespace) -> int:
         logits = {b: np.roll(rows, 7, axis=1) for b, rows in logits.items()}
     np.savez(Path(args.out) / "logits.npz", **logits)
     if args.time:
-        from ..speculative.controller import calibrate
+        from ..costs import calibrate
         cost = calibrate(backend, None, blocks=TIMED_BLOCKS, repeats=2, context=PROBE_CONTEXT)  # min of 2
         (Path(args.out) / "v_ms.json").write_text(json.dumps(cost.verify_ms))
     backend.close()

@@ -36,28 +36,17 @@ draft by suffix.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 
 from ..sampling import SamplingParams
-from ..speculative.controller import CostModel
+from ..costs import cost_ratios
 from ..speculative.proposers.suffix import SuffixProposer
 from ..speculative.proposers.suffix_index import SuffixCache, SuffixConfig
-from .compare import time_blocks
 from .methods import BASELINE
 from .tables import md_table
 
 MATCH = 1  # tokens an occurrence must share with the context's end to count
 REPEATS = 5  # timings per block size (median); each is noise a perfect controller would exploit
-
-
-def cost_ratios(curve: dict[int, float], k_max: int) -> list[float]:
-    """v(b) / v(1) for b = 0..k_max + 1 (index b; index 0 unused), sizes not timed
-    priced as the controller prices them (CostModel.verify)."""
-    if curve.get(1, 0) <= 0:
-        raise ValueError("the cost curve needs v(1) > 0")
-    cost = CostModel(verify_ms=dict(curve))
-    return [0.0] + [cost.verify(b) / curve[1] for b in range(1, k_max + 2)]
 
 
 def drafter_runs(proposer: SuffixProposer, prompt: list[int], output: list[int], k_max: int) -> list[int]:
@@ -123,15 +112,6 @@ def timing_context(records: Sequence[dict], prompt_ids: dict[tuple[str, int], li
     texts = [p + o for p, o in pairs]
     longest = max(texts, key=len)
     return (longest * (1 + n // len(longest)))[:max(1, n)]
-
-
-def time_curve(backend, context: list[int], max_block: int) -> dict[int, float]:
-    """Median ms (of REPEATS) to score blocks of 1..max_block tokens after `context`
-    (trimmed so context and block fit the backend's context)."""
-    context = context[-max(1, backend.n_ctx - max_block - 1):]
-    block = (context * (1 + max_block // len(context)))[:max_block]
-    times = time_blocks([backend], context, block, list(range(1, max_block + 1)), REPEATS)[0]
-    return {k: statistics.median(t) for k, t in times.items()}
 
 
 def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]],

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from speclm.costs import time_blocks
 from speclm.errors import ModelError
 
 PPL_TEXT = Path(__file__).with_name("data") / "ppl_text.txt"
@@ -150,36 +151,6 @@ def timing_block(token_lists: Sequence[Sequence[int]], max_k: int) -> tuple[list
         longest = max(token_lists, key=len)
         text = (list(longest) * (1 + (CONTEXT + max_k) // max(1, len(longest))))[:CONTEXT + max_k]
     return list(text[:CONTEXT]), list(text[CONTEXT:CONTEXT + max_k])
-
-
-def time_blocks(backends: Sequence, context: list[int], block: list[int], ks: Sequence[int],
-                repeats: int, say: Callable[[str], None] | None = None) -> list[dict[int, list[float]]]:
-    """ms to score block[:k] after ``context``, per backend and k, ``repeats`` times,
-    interleaved across the backends (round-robin) so machine noise hits all alike."""
-    seqs = []
-    try:
-        for be in backends:
-            seq = be.new_sequence()
-            seqs.append(seq)
-            be.prefill(seq, context)
-            be.score(seq, block[:1])  # warm-up
-            be.rollback(seq, len(context))
-        times: list[dict[int, list[float]]] = [{k: [] for k in ks} for _ in backends]
-        for rep in range(repeats):
-            for i, (be, seq) in enumerate(zip(backends, seqs)):
-                be.score(seq, block[:1])  # untimed: the first forward after another model ran is slow
-                be.rollback(seq, len(context))
-                for k in ks:
-                    t0 = time.perf_counter()
-                    be.score(seq, block[:k])
-                    times[i][k].append((time.perf_counter() - t0) * 1000)
-                    be.rollback(seq, len(context))
-            if say:
-                say(f"v(k) repeat {rep + 1}/{repeats} done")
-    finally:
-        for be, seq in zip(backends, seqs):
-            be.free(seq)
-    return times
 
 
 def v_summary(times: dict[int, list[float]]) -> dict:
