@@ -11,41 +11,18 @@ import ctypes
 import itertools
 import os
 import threading
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import BackendError, InvalidRequestError, ModelError
+from ..llama_lib import L, init_once, last_error, recent_errors
 from .base import Backend
 from .kernels import KernelConfig
 
-try:
-    import llama_cpp as L
-except ImportError as exc:  # pragma: no cover - install problem
-    raise ModelError("llama-cpp-python is not installed: run `pip install speclm`") from exc
-
-
 MAX_THREADS = 512  # ggml's limit
-_recent_errors: deque[str] = deque(maxlen=8)
 
-
-@L.llama_log_callback
-def _capture_log(level, text, user_data):
-    """Keep llama.cpp's error lines for our own messages; echo its whole log
-    only when SPECLM_LLAMA_LOG is set (it is chatty and would break one-line errors)."""
-    if level == 4:  # GGML_LOG_LEVEL_ERROR
-        _recent_errors.append(text.decode("utf-8", "replace").strip())
-    if os.environ.get("SPECLM_LLAMA_LOG"):
-        os.write(2, text)
-
-
-def _last_error() -> str:
-    return next((line for line in reversed(_recent_errors) if line), "no reason given")
-
-
-_initialised = False
 
 # Every llama_decode of the process runs on this one thread. libgomp gives each calling
 # thread its own OpenMP team, and once the teams hold more threads than there are cores
@@ -64,30 +41,6 @@ def _decode(ctx, batch) -> int:
     return _compute.submit(L.llama_decode, ctx, batch).result()
 
 
-def _init_once() -> None:
-    global _initialised
-    if not _initialised:
-        L.llama_log_set(_capture_log, ctypes.c_void_p())
-        L.llama_backend_init()
-        _initialised = True
-
-
-def quantize(source: Path, out: Path, ftype: int, n_threads: int | None = None, pure: bool = False) -> None:
-    """Requantise GGUF `source` into `out` with llama.cpp's quantizer (ftype: a
-    LLAMA_FTYPE_* value); RuntimeError carrying llama.cpp's own reason on failure.
-    `pure`: every quantisable tensor gets the ftype's type, the output head and the
-    token embedding too (otherwise llama.cpp keeps those at a higher type, e.g. Q6_K)."""
-    _init_once()
-    params = L.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.allow_requantize = True  # the shipped models are already quantised
-    params.nthread = n_threads or 0  # 0: all cores
-    params.pure = bool(pure)  # output_tensor_type / token_embedding_type stay "unset": pure covers them
-    _recent_errors.clear()
-    if L.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
-        raise RuntimeError(_last_error())
-
-
 class LlamaCppBackend(Backend):
     """A GGUF model run by llama.cpp on the CPU."""
 
@@ -101,16 +54,16 @@ class LlamaCppBackend(Backend):
                                       f"got {n_threads!r}")
         if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 16:
             raise InvalidRequestError(f"n_ctx must be an integer >= 16 (--n-ctx), got {n_ctx!r}")
-        _init_once()
+        init_once()
         self.path = Path(path)
         self.name = str(self.path)
         mparams = L.llama_model_default_params()
         if kernels is not None:
             mparams.use_extra_bufts = kernels.use_extra_bufts
-        _recent_errors.clear()
+        recent_errors.clear()
         self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
-            raise ModelError(f"llama.cpp could not load {self.path}: {_last_error()}; the file is corrupt, "
+            raise ModelError(f"llama.cpp could not load {self.path}: {last_error()}; the file is corrupt, "
                              f"incomplete or not a supported GGUF model: re-download or re-convert it "
                              f"(registered models: `speclm models verify NAME --repair`)")
         self._vocab = L.llama_model_get_vocab(self._model)
@@ -259,7 +212,7 @@ class LlamaCppBackend(Backend):
         if rc != 0:
             L.llama_memory_seq_rm(self._mem, self._stream[seq], start, -1)
             raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}: "
-                               f"{_last_error()}")
+                               f"{last_error()}")
         held.extend(int(t) for t in tokens)
         if self._embeddings_on:  # llama.cpp made every row an output
             rows = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(n, self.hidden_size))
@@ -299,7 +252,7 @@ class LlamaCppBackend(Backend):
         if rc != 0:
             for seq, _ in items:
                 L.llama_memory_seq_rm(self._mem, self._stream[seq], len(self._held[seq]), -1)
-            raise BackendError(f"llama_decode failed with code {rc} on a batch of {total} tokens: {_last_error()}")
+            raise BackendError(f"llama_decode failed with code {rc} on a batch of {total} tokens: {last_error()}")
         logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(sum(rows), self.vocab_size))
         out, i = [None] * len(items), 0
         for k, n in zip(order, rows):
@@ -402,7 +355,7 @@ class LlamaCppBackend(Backend):
             raise BackendError("load_sequence needs an empty sequence")
         if L.llama_state_seq_set_data(self._ctx, state, len(state), self._stream[seq]) == 0:
             L.llama_memory_seq_rm(self._mem, self._stream[seq], 0, -1)
-            raise BackendError(f"llama.cpp could not restore a {len(tokens)}-token KV copy: {_last_error()}")
+            raise BackendError(f"llama.cpp could not restore a {len(tokens)}-token KV copy: {last_error()}")
         self._held[seq] = [int(t) for t in tokens]
 
     def tokens(self, seq: int) -> list[int]:

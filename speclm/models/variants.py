@@ -316,10 +316,10 @@ def prepare_variant(name: str, quant: str, force: bool = False, n_threads: int |
 
 def _quantize(source: Path, out: Path, quant: str, n_threads: int | None) -> float:
     """Run llama.cpp's quantizer; ``quant`` is a tag (``q4_0`` or ``q4_0-pure``). Seconds taken."""
-    from speclm.backends import llamacpp  # its log callback keeps llama.cpp's chatter off stderr
+    from .quantize import quantize  # llama_lib's log callback keeps llama.cpp's chatter off stderr
     t0 = time.perf_counter()
     try:
-        llamacpp.quantize(source, out, ftype(quant), n_threads, pure=parse_quant(quant)[1])
+        quantize(source, out, ftype(quant), n_threads, pure=parse_quant(quant)[1])
     except RuntimeError as exc:
         raise ModelError(f"llama.cpp could not requantise {source} to {quant}: {exc} "
                          f"(free disk space in {out.parent}: {shutil.disk_usage(out.parent).free} bytes)") from None
