@@ -364,7 +364,7 @@ def test_truncated_registered_model(registered_copy, name):
 
 
 def test_repair_command_in_the_message_fixes_the_model(registered_copy, capsys):
-    from speclm.cli import main
+    from speclm.commands import main
 
     path = catalog.resolve_model("copy-smol")
     flip_middle_byte(path)
@@ -407,7 +407,7 @@ def test_tampered_local_gguf_is_not_hashed_by_design(tmp_path, smol_path):
 
 
 def test_truncated_local_gguf_message_names_cause_and_a_working_fix(truncated_local, capsys):
-    from speclm.cli import main
+    from speclm.commands import main
 
     with pytest.raises(ModelError) as err:
         LLM(target=str(truncated_local), n_threads=1)

@@ -14,7 +14,8 @@ import pytest
 
 from speclm import LLM
 from speclm.backends.toy import ToyBackend
-from speclm.bench import cli as bench_cli
+from speclm.bench.sweep import run_to_dir
+from speclm.commands import bench as bench_cli
 from speclm.bench import methods, report, workloads
 from speclm.bench.manifest import describe_model
 from speclm.bench.runner import BenchConfig, busy_warning
@@ -254,7 +255,7 @@ def test_toy_end_to_end_writes_every_file_and_interleaves(tmp_path):
                             {"category": "free", "prompt": "dbca"}])
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=256), draft=ToyBackend(6, seed=8, order=1))
     cfg = BenchConfig(ks=[2, 3], temperatures=[0.0, 1.0], max_new_tokens=[12], repeats=2, concurrency=[1, 2])
-    out = bench_cli.run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", dataset=str(data),
+    out = run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", dataset=str(data),
                                progress=False)
     requests, summary = check_outputs(tmp_path / "out", 3 * 2 * 2 * 5)
     assert [r["method"] for r in requests[:5]] == ["ar", "sd-draft", "sd-draft", "sd-ngram", "sd-ngram"]
@@ -388,7 +389,7 @@ def test_toy_run_reports_halves_computed_from_each_halfs_requests(tmp_path):
                  + [{"category": "solo", "prompt": "abab"}])
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=256))
     cfg = BenchConfig(methods=["sd-ngram"], ks=[2, 3], max_new_tokens=[10], repeats=2)
-    bench_cli.run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", progress=False)
+    run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", progress=False)
     requests = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     seq_ar = [r["prompt_index"] for r in requests if r["method"] == "ar" and r["category"] == "seq"]
@@ -424,7 +425,7 @@ def test_toy_medusa_run_reports_heads_cost_per_head_acceptance_and_the_online_cu
     llm = LLM(target=target, heads=toy_heads(target))
     cfg = BenchConfig(methods=["medusa"], ks=[3], max_new_tokens=[60], repeats=2,
                       base=SpecConfig().with_options(online=True, online_lr=0.05))
-    bench_cli.run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", progress=False)
+    run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", progress=False)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     rows = [r for r in summary["medusa"] if r["category"] == "seq"]
     assert len(rows) == 1 and rows[0]["rounds"] > 100 and rows[0]["curve"]
@@ -440,7 +441,7 @@ def test_repeated_concurrency_rows_alternate_who_runs_first_and_pair_within_a_re
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=2)
     prompts = [workloads.Prompt("t", i, (0, 1, 2, i % 6, 1), chat=False) for i in range(3)]
     cfg = BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[8], concurrency=[1, 2], concurrency_repeats=2)
-    bench_cli.run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
+    run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     order = [(c["repeat"], c["concurrency"], c["method"]) for c in summary["concurrency"]]
     assert order == [(0, 1, "ar"), (0, 1, "sd-suffix"), (0, 2, "sd-suffix"), (0, 2, "ar"),
@@ -501,7 +502,7 @@ def test_each_arm_and_concurrency_row_reuses_only_its_own_prompt_kv(tmp_path):
     start = (0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 3, 5)
     prompts = [workloads.Prompt("t", i, start + (i % 6, 1, 2), chat=False) for i in range(3)]
     cfg = BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[8], concurrency=[1])
-    bench_cli.run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
+    run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
     recs = [json.loads(line) for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     cached = {(r["method"], r["prompt_index"]): r["cached_prompt_tokens"] for r in recs}
     assert cached == {(m, i): 0 if i == 0 else len(start) for m in ("ar", "sd-suffix") for i in range(3)}

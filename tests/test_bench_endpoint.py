@@ -24,9 +24,9 @@ from speclm import LLM, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.bench import endpoint_metrics
 from speclm.bench.endpoint import EndpointError, base_url
-from speclm.cli import main
+from speclm.commands import main
 from speclm.server import ServerConfig, create_app
-from speclm.server.cli import add_serve_parser, build_app
+from speclm.commands.serve import add_serve_parser, build_app
 
 from .test_server import live as live_server
 

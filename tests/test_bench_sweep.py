@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from speclm.bench import cli as bench_cli
+from speclm.commands import bench as bench_cli
 from speclm.bench import sweep
 from speclm.errors import InvalidRequestError, ModelError
 from speclm.models import variants

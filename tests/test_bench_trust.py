@@ -16,7 +16,8 @@ import pytest
 
 from speclm import LLM
 from speclm.backends.toy import ToyBackend
-from speclm.bench import cli as bench_cli
+from speclm.bench.sweep import run_to_dir
+from speclm.commands import bench as bench_cli
 from speclm.bench import contamination, report, workloads
 from speclm.bench.contamination import TrustPolicy, starved, wait_for_quiet
 from speclm.bench.ratios import speedup_stats
@@ -102,7 +103,7 @@ def toy_run(tmp_path, monkeypatch, starved_calls, methods=("sd-ngram",), name="o
     prompts = [workloads.Prompt("seq", i, p, chat=False) for i, p in enumerate(
         [(0, 1, 2, 0, 1, 2), (1, 2, 3, 1, 2, 3), (2, 3, 4, 2, 3, 4)])]
     cfg = BenchConfig(methods=list(methods), ks=[2], max_new_tokens=[8], trust=TrustPolicy(**trust))
-    out = bench_cli.run_to_dir(LLM(target=target), prompts, cfg, tmp_path / name, progress=False)
+    out = run_to_dir(LLM(target=target), prompts, cfg, tmp_path / name, progress=False)
 
     def lines(file: str) -> list[dict]:
         path = tmp_path / name / file

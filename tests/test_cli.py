@@ -1,4 +1,4 @@
-"""The `speclm` command line: `speclm.cli.main([...])` in process, plus one real
+"""The `speclm` command line: `speclm.commands.main([...])` in process, plus one real
 run of the installed console script. SmolLM2-135M only, a few tokens each,
 one llama.cpp thread (robust on a busy machine)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from speclm.cli import main
+from speclm.commands import main
 from speclm.models import catalog, store
 from speclm.models.registry import REGISTRY
 
@@ -108,7 +108,7 @@ def test_prompt_from_stdin(capfd, monkeypatch):
 def test_subprocess_console_script():
     """The installed entry point works end to end (one real process)."""
     script = shutil.which("speclm") or shutil.which("speclm", path=str(Path(sys.executable).parent))
-    cmd = [script] if script else [sys.executable, "-m", "speclm.cli"]
+    cmd = [script] if script else [sys.executable, "-m", "speclm"]
     env = dict(os.environ, COLUMNS="200")
     proc = subprocess.run([*cmd, "generate", PROMPT, *FAST, "--method", "sd-ngram", "--max-new-tokens", "8",
                            "--json"], capture_output=True, text=True, timeout=120, env=env)

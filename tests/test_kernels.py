@@ -45,7 +45,7 @@ def choose(path: Path, request: str | None = None, said: list | None = None) -> 
 
 def test_a_crashing_configuration_is_disabled_and_generation_goes_on_with_the_next(verdicts, tmp_path):
     env = {**os.environ, probe.FAULT_ENV: "repack:segv"}
-    proc = subprocess.run([sys.executable, "-m", "speclm.cli", "generate", "def add(a, b):", "--target", SMOL,
+    proc = subprocess.run([sys.executable, "-m", "speclm", "generate", "def add(a, b):", "--target", SMOL,
                            "--max-new-tokens", "8", "--method", "ar", "--json"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -139,7 +139,7 @@ def test_the_environment_variable_sets_the_default_and_an_argument_wins(monkeypa
 
 @pytest.mark.parametrize("command", [["generate", "x"], ["serve"], ["bench"], ["doctor"]])
 def test_every_command_takes_kernels(command, capsys):
-    from speclm.cli import build_parser
+    from speclm.commands import build_parser
     parser = build_parser()
     assert parser.parse_args([*command, "--kernels", "REPACK"]).kernels == "repack"
     assert parser.parse_args(command).kernels is None
@@ -214,7 +214,7 @@ def test_the_amx_mask_refuses_the_amx_permission_request_and_nothing_else():
 
 
 def test_doctor_reports_verdicts_costs_and_the_choice(verdicts):
-    proc = subprocess.run([sys.executable, "-m", "speclm.cli", "doctor", "--target", SMOL, "--json", "--no-quality"],
+    proc = subprocess.run([sys.executable, "-m", "speclm", "doctor", "--target", SMOL, "--json", "--no-quality"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     d = json.loads(proc.stdout)
@@ -223,6 +223,6 @@ def test_doctor_reports_verdicts_costs_and_the_choice(verdicts):
     assert model["name"] == SMOL and model["uses"] in model["configs"]
     for name, row in model["configs"].items():
         assert row["verdict"] == "ok" and set(row["v_ms"]) == {"1", "2", "4", "8", "16"}, name
-    text = subprocess.run([sys.executable, "-m", "speclm.cli", "doctor", "--target", SMOL, "--no-quality"],
+    text = subprocess.run([sys.executable, "-m", "speclm", "doctor", "--target", SMOL, "--no-quality"],
                           capture_output=True, text=True, timeout=600).stdout
     assert f"speclm uses: {model['uses']}" in text and "v(16)" in text

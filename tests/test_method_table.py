@@ -12,10 +12,10 @@ import pytest
 
 from speclm import LLM, SamplingParams, SpecConfig, SSDOptions
 from speclm.backends.toy import ToyBackend
-from speclm.bench import cli as bench_cli
+from speclm.commands import bench as bench_cli
 from speclm.bench import methods as bench_methods
-from speclm.cli import build_parser
-from speclm.cli_options import spec_from_args
+from speclm.commands import build_parser
+from speclm.commands.options import spec_from_args
 from speclm.errors import InvalidRequestError
 from speclm.server import ServerConfig, create_app
 from speclm.speculative.methods import METHODS, Method, Proposal, register, unregister

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from speclm.errors import ModelError
-from speclm.models import catalog, cli, store
+from speclm.commands import models as cli
+from speclm.models import catalog, store
 from speclm.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, ModelSpec
 
 CHUNKS = [b"GGUF" + bytes(range(256)) * 20, bytes(reversed(range(256))) * 13 + b"x", b"tail-bytes" * 7]

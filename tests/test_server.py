@@ -22,7 +22,7 @@ from speclm import LLM, SpecConfig
 from speclm.backends.toy import TOY_ALPHABET, ToyBackend
 from speclm.server import ServerConfig, create_app
 from speclm.errors import InvalidRequestError
-from speclm.server.cli import Server, add_serve_parser, build_app, cmd_serve
+from speclm.commands.serve import Server, add_serve_parser, build_app, cmd_serve
 from speclm.server.tenants import split_keys, tenant_id
 from speclm.speculative.methods import DEFAULT_METHOD
 

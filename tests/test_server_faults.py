@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from speclm import LLM, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.server import ServerConfig, create_app
-from speclm.server.cli import add_serve_parser, cmd_serve, uvicorn_config
+from speclm.commands.serve import add_serve_parser, cmd_serve, uvicorn_config
 from speclm.speculative.ssd.client import SpeculatorConfig
 
 from .test_server import C, CHAT, SlowToy, client, live, scrape, sse_events, toy_llm, wait_until
@@ -41,7 +41,7 @@ def serve_process(tmp_path: Path, *flags: str) -> Iterator[tuple[str, subprocess
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "speclm.cli", "serve", "--port", str(port), "--threads", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "speclm", "serve", "--port", str(port), "--threads", "1",
                              "--log-level", "warning", *flags], stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, "TMPDIR": str(tmp_path)})
     url = f"http://127.0.0.1:{port}"
@@ -183,7 +183,7 @@ def test_api_key_flag_points_to_the_environment_variable_and_warns(monkeypatch, 
     def stop(args):
         raise RuntimeError("not loading models in this test")
 
-    monkeypatch.setattr("speclm.server.cli.build_app", stop)
+    monkeypatch.setattr("speclm.commands.serve.build_app", stop)
     with pytest.raises(RuntimeError):
         cmd_serve(parse_serve("--api-key", "sekret"))
     err = capsys.readouterr().err

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from speclm.errors import ModelError
-from speclm.models import catalog, cli, store, variants
+from speclm.commands import models as cli
+from speclm.models import catalog, store, variants
 from speclm.models.store import CorruptModelError
 
 SMOL = "smollm2-135m"
@@ -127,7 +128,7 @@ def test_missing_unknown_and_bad_names(cache: Path, capfd: pytest.CaptureFixture
         variants.prepare_variant("nope", "q4_0")
     with pytest.raises(ModelError, match="not a variant"):
         variants.prepare_variant(Q4, "q4_0")
-    from speclm.cli import main
+    from speclm.commands import main
     assert main(["models", "prepare", SMOL, "--quant", "iq2_xxs"]) == 1
     out, err = capfd.readouterr()
     assert err.startswith("speclm: error: unknown quantisation type 'iq2_xxs'; choose one of:")

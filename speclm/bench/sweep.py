@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..api import LLM
 from ..backends.load import load_backend
 from ..backends.base import Backend
+from ..costs import time_blocks, time_curve
 from ..errors import InvalidRequestError
 from . import ceiling, compare
 from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -92,7 +94,7 @@ def _model_entry(d: dict, quality: compare.Quality) -> dict:
 
 def _time_v(backend: Backend, tokens: list[list[int]]) -> dict:
     context, block = compare.timing_block(tokens, max(V_KS))
-    return compare.v_summary(compare.time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
+    return compare.v_summary(time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
 
 
 def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict], cfg: BenchConfig,
@@ -100,8 +102,10 @@ def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict],
     """ceiling.copy_ceiling of one target's requests, each category priced by its own v(b)."""
     ar = ceiling.greedy_ar(requests)
     ids = dict(zip(((p.category, p.index) for p in prompts), encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
-    curves = {cat: ceiling.time_curve(llm.target, ceiling.timing_context([r for r in ar if r["category"] == cat], ids),
-                                      k_max + 1) for cat in dict.fromkeys(r["category"] for r in ar)}
+    curves = {cat: time_curve(llm.target, range(1, k_max + 2),
+                              ceiling.timing_context([r for r in ar if r["category"] == cat], ids),
+                              repeats=ceiling.REPEATS, statistic=statistics.median)
+              for cat in dict.fromkeys(r["category"] for r in ar)}
     return ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods)
 
 
@@ -218,6 +222,26 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
     return write_outputs(out_dir, run, cfg, prompts, targets=[described[t] for t in plan.targets],
                          drafts=[described[d] for d in plan.drafts], threads=used_threads, dataset=dataset,
                          variants=variants, ceilings=ceilings)
+
+
+def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path, *,
+               target_spec: str | Backend | None = None, draft_spec: str | Backend | None = None,
+               threads: int | None = None, dataset: str | None = None, progress: bool = True) -> dict:
+    """Run the sweep on `llm` and write every output file into out_dir.
+    Returns {"summary", "manifest", "report"} (report = path of report.md)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(cfg.configs())
+    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * cfg.concurrency_repeats * len(cfg.configs())
+    sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req, n_conc)
+    try:
+        run = run_bench(llm, prompts, cfg, sink, on_request=bars.on_request, on_concurrency=bars.on_concurrency)
+    finally:
+        bars.stop()
+        sink.close()
+    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
+    return write_outputs(out_dir, run, cfg, prompts, targets=[describe_model(target_spec, llm.target)],
+                         drafts=[describe_model(draft_spec, llm.draft)] if uses_draft else [],
+                         threads=threads or getattr(llm.target, "n_threads", None), dataset=dataset)
 
 
 def _tok_s(recs: Sequence[dict]) -> float | None:

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import InvalidRequestError
 from ..sampling import is_int
 from .methods import DEFAULT_METHOD, get_method, method_names, selectable_proposals
-from .options import Option, option, options_of
+from ..options import Option, option, options_of
 from .proposers.ngram import check_ngram_sizes
 from .proposers.medusa import MedusaOptions
 from .proposers.suffix_index import SuffixConfig

@@ -19,7 +19,7 @@ from ...errors import InvalidRequestError
 from ...heads.model import MedusaHeads, one_blas_thread, softmax_rows
 from ...heads.online import OnlineLearner
 from ...sampling import SamplingParams
-from ..options import option
+from ...options import option
 from .base import Draft, Proposer
 
 HISTORY = 64  # hidden states kept per request (positions), for pairing with later distributions

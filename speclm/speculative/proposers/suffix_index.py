@@ -19,7 +19,7 @@ from itertools import islice
 
 from ...errors import InvalidRequestError
 from ...sampling import is_int
-from ..options import option
+from ...options import option
 
 LEVELS = (1, 2, 4, 8, 16, 32)  # indexed n-gram lengths; matches extend beyond the top one
 MAX_DEPTH = 64

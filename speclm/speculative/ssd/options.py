@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ...errors import InvalidRequestError
 from ...sampling import is_int
-from ..options import option
+from ...options import option
 
 FALLBACKS = ("auto", "neural", "cheap")
 

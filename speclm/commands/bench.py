@@ -24,20 +24,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..api import LLM
-from ..cli_options import add_kernels_option, add_spec_options, spec_from_args, speculator_config
-from ..backends.base import Backend
+from .options import add_kernels_option, add_spec_options, spec_from_args, speculator_config
 from ..errors import InvalidRequestError
 from ..prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
 from ..sampling import SamplingParams
-from .contamination import TrustPolicy, headline
-from .manifest import describe_model
-from .methods import BENCH_DEFAULT, bench_methods, parse_methods
-from .report import MAIN_HEADER, identity_note, table_rows
-from .runner import BenchConfig, TraceSink, busy_warning, run_bench
-from .sweep import ProgressBars, plan_models, run_sweep, write_outputs
-from .endpoint_cli import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
-from .workloads import Prompt, load_builtin, load_dataset, select
+from ..bench.contamination import TrustPolicy, headline
+from ..bench.methods import BENCH_DEFAULT, bench_methods, parse_methods
+from ..bench.report import MAIN_HEADER, identity_note, table_rows
+from ..bench.runner import BenchConfig, busy_warning
+from ..bench.sweep import plan_models, run_sweep
+from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
+from ..bench.workloads import Prompt, load_builtin, load_dataset, select
 
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "k": [4],
@@ -164,26 +161,6 @@ def resolve_args(args: argparse.Namespace) -> dict:
 def load_prompts(dataset: str | None, categories: list[str] | None, n: int | None) -> list[Prompt]:
     pool = load_dataset(dataset) if dataset else load_builtin(categories, None)
     return select(pool, categories, n)
-
-
-def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path, *,
-               target_spec: str | Backend | None = None, draft_spec: str | Backend | None = None,
-               threads: int | None = None, dataset: str | None = None, progress: bool = True) -> dict:
-    """Run the sweep on `llm` and write every output file into out_dir.
-    Returns {"summary", "manifest", "report"} (report = path of report.md)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(cfg.configs())
-    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * cfg.concurrency_repeats * len(cfg.configs())
-    sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req, n_conc)
-    try:
-        run = run_bench(llm, prompts, cfg, sink, on_request=bars.on_request, on_concurrency=bars.on_concurrency)
-    finally:
-        bars.stop()
-        sink.close()
-    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
-    return write_outputs(out_dir, run, cfg, prompts, targets=[describe_model(target_spec, llm.target)],
-                         drafts=[describe_model(draft_spec, llm.draft)] if uses_draft else [],
-                         threads=threads or getattr(llm.target, "n_threads", None), dataset=dataset)
 
 
 def print_main_table(summary: dict, console: Console | None = None) -> None:

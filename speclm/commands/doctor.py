@@ -15,10 +15,10 @@ import argparse
 import json
 import sys
 
-from .backends import kernels as K
-from .backends import probe
-from .cli_options import add_kernels_option
-from .machine import cpu_model, isa_flags
+from ..backends import kernels as K
+from ..backends import probe
+from .options import add_kernels_option
+from ..machine import cpu_model, isa_flags
 
 SHOWN_BLOCKS = (1, 2, 4, 8, 16)
 AMX_REBUILD = ("CMAKE_ARGS=\"-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "
@@ -41,7 +41,7 @@ def add_doctor_parser(subparsers) -> None:
 
 
 def _model_report(name: str, work: str, request: str | None, threads: int | None) -> dict:
-    from .models.catalog import resolve_model
+    from ..models.catalog import resolve_model
     path = resolve_model(name)
     choice = probe.choose_kernels(path, request, threads, work, apply=False)
     rows = {n: {"verdict": v.describe(), "v_ms": {str(b): round(v.v_ms[b], 1) for b in SHOWN_BLOCKS if b in v.v_ms},
@@ -53,14 +53,14 @@ def _model_report(name: str, work: str, request: str | None, threads: int | None
 
 
 def _variants_of(target: str) -> list[str]:
-    from .models.variants import list_variants
+    from ..models.variants import list_variants
     return [v.name for v in list_variants() if v.source == target and v.state == "ready"]
 
 
 def _quality(names: list[str], threads: int | None) -> dict[str, dict]:
     """Perplexity of each model on the built-in text, and greedy agreement with the first."""
-    from .backends.load import load_backend
-    from .bench import compare
+    from ..backends.load import load_backend
+    from ..bench import compare
     texts, out, ref = compare.load_texts(0), {}, None
     for name in names:
         backend = load_backend(name, compare.N_CTX, threads, 1)
@@ -76,8 +76,8 @@ def _quality(names: list[str], threads: int | None) -> dict[str, dict]:
 def diagnose(target: str | None = None, threads: int | None = None, request: str | None = None,
              reprobe: bool = False, quality: bool = True) -> dict:
     """The doctor's findings as a JSON-able dict (probing what has not been probed)."""
-    from .models.catalog import resolve_model
-    from .models.registry import DEFAULT_TARGET
+    from ..models.catalog import resolve_model
+    from ..models.registry import DEFAULT_TARGET
     target = target or DEFAULT_TARGET
     build = K.build_info()
     if reprobe:
@@ -153,7 +153,7 @@ def render(d: dict) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
-        from .errors import InvalidRequestError
+        from ..errors import InvalidRequestError
         raise InvalidRequestError(f"--threads must be >= 1, got {args.threads}")
     d = diagnose(args.target, args.threads, args.kernels, args.reprobe, not args.no_quality)
     print(json.dumps(d) if args.json else render(d), file=sys.stdout)

@@ -27,9 +27,9 @@ from fastapi import FastAPI
 from ..api import LLM
 from ..errors import InvalidRequestError
 from ..prefix_cache import PREFIX_CACHE_TOKENS
-from ..cli_options import add_kernels_option, add_spec_options, draft_for, kernels_for, spec_from_args, speculator_config
-from .app import ServerConfig, create_app
-from .tenants import split_keys
+from .options import add_kernels_option, add_spec_options, draft_for, kernels_for, spec_from_args, speculator_config
+from ..server.app import ServerConfig, create_app
+from ..server.tenants import split_keys
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")

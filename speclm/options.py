@@ -2,7 +2,7 @@
 help text, its command-line flag and whether an HTTP request may set it.
 
 `speclm generate`, `bench` and `serve` generate their flags from these fields
-(`speclm.cli_options`), and the server generates its request fields from the
+(`speclm.commands.options`), and the server generates its request fields from the
 ones marked `request=True`; nobody repeats a name, a default or a help line.
 """
 

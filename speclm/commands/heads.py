@@ -39,8 +39,8 @@ def cmd_heads_train(args: argparse.Namespace) -> int:
 
     from ..backends.load import load_backend
     from ..models.registry import DEFAULT_TARGET
-    from .file import default_heads_path, target_sha256
-    from .train import TrainConfig, WorkDir, train
+    from ..heads.file import default_heads_path, target_sha256
+    from ..heads.train import TrainConfig, WorkDir, train
     if not 1 <= args.heads <= 4:
         raise InvalidRequestError(f"--heads must be in 1..4, got {args.heads}")
     if args.vocab < 16 or args.tokens < 64 or args.minutes <= 0 or args.epochs < 1 or args.lr <= 0:
@@ -78,7 +78,7 @@ def cmd_heads_train(args: argparse.Namespace) -> int:
 def cmd_heads_info(args: argparse.Namespace) -> int:
     from ..models.catalog import resolve_model
     from ..models.registry import DEFAULT_TARGET
-    from .file import find_heads, read_heads_meta, target_sha256
+    from ..heads.file import find_heads, read_heads_meta, target_sha256
     path = Path(args.path) if args.path else find_heads(target_sha256(resolve_model(DEFAULT_TARGET)))
     if path is None:
         raise InvalidRequestError("no heads trained for the default target: `speclm heads train`")

@@ -16,11 +16,11 @@ from pathlib import Path
 from rich.console import Console
 
 from ..errors import InvalidRequestError, SpeclmError
-from .contamination import wait_for_quiet
-from .endpoint import EndpointError, EndpointRun, base_url, connect, run_concurrency, run_sequential
-from .endpoint_metrics import scrape
-from .manifest import build_manifest
-from .workloads import prompt_set_hash
+from ..bench.contamination import wait_for_quiet
+from ..bench.endpoint import EndpointError, EndpointRun, base_url, connect, run_concurrency, run_sequential
+from ..bench.endpoint_metrics import scrape
+from ..bench.manifest import build_manifest
+from ..bench.workloads import prompt_set_hash
 
 NOT_WITH_ENDPOINT = ("target", "targets", "draft", "drafts", "methods", "k", "variant_quality",
                      "concurrency_repeats", "prefix_cache_tokens")
@@ -59,7 +59,7 @@ def check_endpoint_args(args: argparse.Namespace) -> None:
 def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
     """`speclm bench --endpoint URL [--endpoint-b URL]`: `v` the resolved flags
     (bench.cli.resolve_args), `prompts` the prompt set they select."""
-    from .endpoint_report import build_summary, print_console, write_outputs
+    from ..bench.endpoint_report import build_summary, print_console, write_outputs
     cfg = v["config"]
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     out_dir.mkdir(parents=True, exist_ok=True)

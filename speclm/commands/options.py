@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import argparse
 
-from .errors import InvalidRequestError
-from .speculative.config import SpecConfig, spec_options
-from .speculative.methods import get_method
+from ..errors import InvalidRequestError
+from ..speculative.config import SpecConfig, spec_options
+from ..speculative.methods import get_method
 
 SPECULATOR_FLAGS = ("--speculator-threads", "--speculator-cores", "--speculator-addr", "--speculator-timeout")
 
 
 def _kernels(text: str) -> str:
-    from .backends.kernels import check_request
+    from ..backends.kernels import check_request
     try:
         return check_request(text)
     except InvalidRequestError as exc:
@@ -80,13 +80,13 @@ def draft_for(args: argparse.Namespace, spec: SpecConfig) -> str | None:
     """The --draft to load: as given, else the default draft for the default target if `spec` wants one."""
     if args.draft is not None or args.target is not None or not wants_draft(spec):
         return args.draft
-    from .models.registry import DEFAULT_DRAFT
+    from ..models.registry import DEFAULT_DRAFT
     return DEFAULT_DRAFT
 
 
 def speculator_config(args: argparse.Namespace):
     """The SSD speculator's placement from --speculator-* flags."""
-    from .speculative.ssd.client import SpeculatorConfig
+    from ..speculative.ssd.client import SpeculatorConfig
     try:
         cores = tuple(int(c) for c in args.speculator_cores.split(",")) if args.speculator_cores else None
     except ValueError:

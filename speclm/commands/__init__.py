@@ -10,8 +10,8 @@ import argparse
 import json
 import sys
 
-from .cli_options import add_kernels_option, add_spec_options, draft_for, kernels_for, spec_from_args, speculator_config
-from .errors import SpeclmError
+from .options import add_kernels_option, add_spec_options, draft_for, kernels_for, spec_from_args, speculator_config
+from ..errors import SpeclmError
 
 
 def _add_generate(sub) -> None:
@@ -46,11 +46,11 @@ def _add_speculator(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .bench.cli import add_bench_parser
+    from .bench import add_bench_parser
     from .doctor import add_doctor_parser
-    from .heads.cli import add_heads_parser
-    from .models.cli import add_models_parser
-    from .server.cli import add_serve_parser
+    from .heads import add_heads_parser
+    from .models import add_models_parser
+    from .serve import add_serve_parser
     parser = argparse.ArgumentParser(prog="speclm", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
@@ -64,10 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .api import LLM, SpecConfig
-    from .report import print_stats
-    from .sampling import SamplingParams
-    from .speculative.identity import compare_greedy
+    from ..api import LLM, SpecConfig
+    from .stats import print_stats
+    from ..sampling import SamplingParams
+    from ..speculative.identity import compare_greedy
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -112,7 +112,7 @@ def _stdout_stream(text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["speculator"]:
-        from .speculative.ssd.worker import main as speculator_main
+        from ..speculative.ssd.worker import main as speculator_main
         return speculator_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .metrics import GenerationResult
-from .speculative.identity import IdentityReport
+from ..metrics import GenerationResult
+from ..speculative.identity import IdentityReport
 
 
 def _fmt(value, spec: str = ".2f", missing: str = "-") -> str:
