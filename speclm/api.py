@@ -31,6 +31,7 @@ from .speculative.config import MAX_K, SpecConfig  # noqa: F401  (public here)
 from .costs import CostModel, calibrate
 from .speculative.controller import Calibration
 from .speculative.loop import Generation
+from .speculative.steps import run_alone
 from .speculative.methods import METHODS, PROPOSALS, get_method  # noqa: F401  (METHODS: the table)
 from .speculative.proposers.suffix_index import SuffixCache
 
@@ -227,7 +228,7 @@ class LLM:
         method = get_method(spec.method)
         proposal = self._proposal_checked(spec)
         controller = method.controller(self, spec) if method.controller is not None and proposal else None
-        proposer = PROPOSALS[proposal].make(self, spec, controller) if proposal is not None else None
+        proposer = PROPOSALS[proposal].make(self, spec) if proposal is not None else None
         return Generation(self.target, proposer, prompt_ids, params, spec.effective_k,
                           method=spec.method, on_text=on_text, controller=controller,
                           threads=method.threads(self, spec), prefix_cache=self.prefix_cache,
@@ -258,7 +259,7 @@ class LLM:
         spec = spec or SpecConfig()
         gen = self.start(self.encode(prompt, chat), params, spec, on_text)
         with self.backend_lock:
-            return gen.run()
+            return run_alone(gen)
 
     def warmup(self, spec: SpecConfig | None = None) -> None:
         """Run one tiny forward on each model a method uses, so the first timed

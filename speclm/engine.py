@@ -1,8 +1,8 @@
 """Several requests in flight on one LLM: a scheduler thread runs them in
 steps. By default (batched) a step is ONE forward over every active request's
-round block or prefill chunk (speclm/batch.py), or a few smaller forwards where
+round block or prefill chunk (speclm/speculative/steps.py), or a few smaller forwards where
 the target's measured cost curve prices them cheaper (`split_forwards`);
-`batched=False` takes turns instead, one request's round at a time (round-robin).
+`batched=False` takes turns instead, one request's round at a time (round-robin). Both run requests through the one driver, speculative/steps.py.
 
     engine = Engine(llm, max_concurrency=8)
     handle = engine.submit("def f():", SamplingParams(max_new_tokens=32), SpecConfig("sd-ngram"))
@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 
 from .api import LLM, SpecConfig
-from .batch import PREFILL_CHUNK, plan_step, run_step
+from .speculative.steps import PREFILL_CHUNK, plan_step, run_step, step_alone
 from .errors import InvalidRequestError, SpeclmError
 from .metrics import GenerationResult
 from .sampling import SamplingParams
@@ -251,7 +251,7 @@ class Engine:
                 with self.llm.backend_lock:
                     if handle.cancelled:
                         gen.close()
-                    elif not gen.step():
+                    elif not step_alone(gen):
                         finished = False
             except BaseException as exc:  # a failed request must not stop the others
                 self._retire(handle, gen, exc)

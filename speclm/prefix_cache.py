@@ -8,7 +8,7 @@ prefix, so it prefills only the rest. This is llama-server's `cache_prompt`
 (with its host-memory prompt cache) and vLLM's automatic prefix caching, for
 a CPU: on two cores a prompt row costs 20-40 ms, a restore ~4 us a token.
 A running request of the same scope lends its KV the same way (`restore(live=)`;
-the batching scheduler, speclm/batch.py, lets a request wait a step for a start
+the batching scheduler, speclm/speculative/steps.py, lets a request wait a step for a start
 that one ahead of it is prefilling), so a wave of requests with one system
 prompt prefills it once, as vLLM's shared prefix blocks do.
 

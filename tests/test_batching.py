@@ -213,7 +213,7 @@ def test_prompts_arriving_together_prefill_first_come_first_served():
     """A step's prefill budget goes to the earliest arrival first: of three 300-token
     prompts arriving at once, the first prefills whole in the first step and decodes
     while the later ones prefill, instead of all three waiting for the whole wave."""
-    from speclm.batch import plan_step, run_step
+    from speclm.speculative.steps import plan_step, run_step
     llm = toy_llm()
     prompt = [1, 2, 3, 4, 5] * 60
     gens = [llm.start(prompt, SamplingParams(max_new_tokens=4), SpecConfig(method="ar")) for _ in range(3)]
@@ -221,7 +221,7 @@ def test_prompts_arriving_together_prefill_first_come_first_served():
     assert [len(s.tokens) for s in first] == [299, 512 - 299]  # nothing decodes yet: the capacity, in order
     run_step(llm.target, first)
     second = plan_step(gens, capacity=512, prefill_chunk=64)
-    assert [(s.gen, len(s.tokens), s.draft is not None) for s in second] == [
+    assert [(s.gen, len(s.tokens), s.round is not None) for s in second] == [
         (gens[0], 1, True), (gens[1], 64, False)]  # A decodes; B takes the step's chunk; C waits its turn
 
 
@@ -241,7 +241,7 @@ def test_drafting_beside_a_prefill_chunk_must_yield_as_much_as_the_prompt_rows_i
 
 
 def test_a_step_counts_prefill_chunk_rows_in_the_yield_its_decoders_plan_for():
-    from speclm.batch import plan_step
+    from speclm.speculative.steps import plan_step
 
     class Spy:
         def __init__(self):
@@ -275,7 +275,7 @@ def test_a_step_runs_as_smaller_forwards_where_the_measured_curve_prices_them_ch
     sixteen stay one forward (v(16) < 2 v(8)); on a linear curve nothing splits."""
     from types import SimpleNamespace
 
-    from speclm.batch import Slot, forwards
+    from speclm.speculative.steps import Slot, forwards
     from speclm.costs import CostModel
 
     def slots(n):

@@ -128,9 +128,7 @@ def test_auto_on_a_real_model_records_its_decisions(smollm):
 
 # ---- per-position rule: drafts that carry an estimate per token ---------------
 def per_position(verify: dict[int, float], **kw) -> GoodputController:
-    ctrl = GoodputController(CostModel(verify_ms=dict(verify)), k_max=16, **kw)
-    ctrl.expect_confidence()
-    return ctrl
+    return GoodputController(CostModel(verify_ms=dict(verify)), k_max=16, per_position=True, **kw)
 
 
 def test_expected_tokens_multiplies_conditional_acceptance_along_the_block():

@@ -18,7 +18,7 @@ import pytest
 
 from speclm import SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
-from speclm.speculative import loop
+from speclm.speculative import steps
 from speclm.speculative.identity import batch_noise, compare_greedy
 from speclm.speculative.proposers.draft_model import DraftModelProposer
 from speclm.speculative.proposers.ngram import NgramProposer
@@ -37,11 +37,11 @@ def test_toy_greedy_speculative_equals_plain_exactly(k, proposer):
     target = ToyBackend(6, seed=3, order=2, sharpness=2.0)
     prompt = [0, 1, 2, 3, 0, 1]
     params = SamplingParams(max_new_tokens=40)
-    ar = loop.generate(target, None, prompt, params, 0)
+    ar = steps.generate(target, None, prompt, params, 0)
     for draft_seed in range(5):
         prop = (DraftModelProposer(ToyBackend(6, seed=draft_seed, order=1)) if proposer == "draft"
                 else NgramProposer(1, 3))
-        sd = loop.generate(target, prop, prompt, params, k)
+        sd = steps.generate(target, prop, prompt, params, k)
         assert sd.token_ids == ar.token_ids
         assert sd.summary.rounds <= ar.summary.rounds
 

@@ -19,7 +19,7 @@ LAYERS = [
     ("backends", ["speclm.backends"]),
     ("request parts", ["speclm.stops", "speclm.prefix_cache", "speclm.heads"]),
     ("speculation", ["speclm.speculative"]),
-    ("the engine", ["speclm.batch", "speclm.api", "speclm.engine"]),
+    ("the engine", ["speclm.api", "speclm.engine"]),
     ("services", ["speclm.server", "speclm.bench"]),
     ("commands", ["speclm.commands", "speclm.__main__", "speclm"]),
 ]

@@ -79,7 +79,7 @@ from speclm.backends.toy import TOY_ALPHABET, ToyBackend
 from speclm.heads.model import MedusaHeads
 from speclm.metrics import GenerationResult, RoundRecord
 from speclm.sampling import sample, target_probs
-from speclm.speculative import loop
+from speclm.speculative import loop, steps
 from speclm.costs import CostModel
 from speclm.speculative.proposers.draft_model import DraftModelProposer
 
@@ -306,18 +306,20 @@ def test_the_harness_rejects_impossible_outcomes_outright() -> None:
 def _bonus_from_p_k(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a full acceptance, draw the bonus token from p_K (the last draft
     token's distribution) instead of p_{K+1}."""
-    real_score, real_resample, last = loop.score, loop.resample, {}
+    real_score, real_resample, last = steps.score, loop.resample, {}
 
-    def score(*args, **kwargs) -> list[np.ndarray]:
-        last["p"] = real_score(*args, **kwargs)
-        return last["p"]
+    def score(*args, **kwargs) -> list[list[np.ndarray] | None]:
+        out = real_score(*args, **kwargs)
+        if out[0] is not None:  # a round's distributions (not a prefill chunk's)
+            last["p"] = out[0]
+        return out
 
     def resample(p, q, rejected, params, rng) -> int:
         if rejected is None and len(last["p"]) >= 2:
             return sample(last["p"][-2], rng)
         return real_resample(p, q, rejected, params, rng)
 
-    monkeypatch.setattr(loop, "score", score)
+    monkeypatch.setattr(steps, "score", score)
     monkeypatch.setattr(loop, "resample", resample)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from speclm.backends.toy import ToyBackend
 from speclm.sampling import SamplingParams, sample
-from speclm.speculative import loop
+from speclm.speculative import loop, steps
 from speclm.speculative.proposers.draft_model import DraftModelProposer
 from speclm.speculative.proposers.ngram import NgramProposer
 
@@ -43,7 +43,7 @@ def sample_first_tokens(proposer_factory, params_kw: dict, k: int, n: int = N_SA
     for i in range(n):
         params = SamplingParams(max_new_tokens=max(N_TOKENS, k + 2), seed=i, **params_kw)
         proposer = proposer_factory()
-        res = loop.generate(target, proposer, PROMPT, params, k)
+        res = steps.generate(target, proposer, PROMPT, params, k)
         if proposer is not None:
             proposer.close()
         out.append(tuple(res.token_ids[:N_TOKENS]))
@@ -139,7 +139,7 @@ def test_adaptive_k_keeps_the_target_distribution():
     for i in range(N_SAMPLES):
         ctrl = GoodputController(CostModel(verify_ms={1: 1.0, 2: 1.2, 3: 1.4, 4: 1.6, 5: 1.8}), k_max=4,
                                  alpha_prior=(i % 5) / 5 + 0.05, probe_every=2)
-        res = loop.generate(target, DraftModelProposer(make_unlike_draft()), PROMPT,
+        res = steps.generate(target, DraftModelProposer(make_unlike_draft()), PROMPT,
                             SamplingParams(max_new_tokens=6, seed=i, **params_kw), 4, controller=ctrl)
         samples.append(tuple(res.token_ids[:N_TOKENS]))
         ks.update(r.proposed for r in res.rounds)

@@ -30,7 +30,7 @@ NAME = "sd-ngram-fixed3"
 def fixed3() -> Iterator[str]:
     """A trivial method, defined by one record: prompt lookup pinned to n = 3."""
     register(Method(NAME, "prompt lookup pinned to n = 3 (a test-only method)",
-                    proposal=Proposal("ngram3", lambda llm, spec, controller: NgramProposer(3, 3), selectable=False)))
+                    proposal=Proposal("ngram3", lambda llm, spec: NgramProposer(3, 3), selectable=False)))
     try:
         yield NAME
     finally:

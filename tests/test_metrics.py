@@ -64,12 +64,12 @@ def _cut_runs(**params_kw) -> list:
     token is accepted), so EOS or a stop string mostly lands inside a round."""
     from speclm.backends.toy import ToyBackend
     from speclm.sampling import SamplingParams
-    from speclm.speculative import loop
+    from speclm.speculative import steps
     from speclm.speculative.proposers.draft_model import DraftModelProposer
 
     target = ToyBackend(6, seed=3, order=2, eos_id=params_kw.pop("eos_id", None))
     draft = ToyBackend(6, seed=3, order=2)
-    return [loop.generate(target, DraftModelProposer(draft), [0, 1, 2],
+    return [steps.generate(target, DraftModelProposer(draft), [0, 1, 2],
                           SamplingParams(temperature=1.0, seed=i, max_new_tokens=40, **params_kw), 6)
             for i in range(60)]
 

@@ -8,7 +8,7 @@ import pytest
 
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
-from speclm.batch import plan_step, run_step
+from speclm.speculative.steps import plan_step, run_step
 from speclm.engine import Engine
 from speclm.errors import BackendError, InvalidRequestError
 from speclm.prefix_cache import MIN_REUSE, PrefixCache

@@ -8,7 +8,7 @@ import pytest
 
 from speclm.backends.toy import ToyBackend
 from speclm.sampling import SamplingParams, sample, target_probs
-from speclm.speculative import loop
+from speclm.speculative import steps
 from speclm.speculative.proposers.ngram import NgramProposer, find_continuation
 
 
@@ -63,7 +63,7 @@ def test_sample_never_draws_zero_probability_tokens():
 def test_a_seed_makes_a_sampled_run_reproducible():
     target = ToyBackend(6, seed=2)
     params = SamplingParams(temperature=1.0, seed=1234, max_new_tokens=30)
-    runs = [loop.generate(target, NgramProposer(1, 3), [0, 1, 2], params, 4).token_ids for _ in range(3)]
+    runs = [steps.generate(target, NgramProposer(1, 3), [0, 1, 2], params, 4).token_ids for _ in range(3)]
     assert runs[0] == runs[1] == runs[2]
 
 

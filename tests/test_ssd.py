@@ -24,7 +24,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.errors import BackendError, InvalidRequestError
-from speclm.speculative import loop
+from speclm.speculative import steps
 from speclm.speculative.proposers.draft_model import DraftModelProposer
 from speclm.speculative.ssd.client import SpeculatorConfig, SSDProposer
 from speclm.speculative.ssd.fanout import allocate_fanout, candidates, outcome_probs, saguaro
@@ -86,7 +86,7 @@ def _sample(predraft: int | None, temperature: float, c: float) -> tuple[list, d
     samples, seen = [], {"hit": 0, "miss": 0, "accepted": 0, "rejected": 0}
     for i in range(N_SAMPLES):
         prop = ssd_proposer(draft, predraft, fanout=4, saguaro_c=c)
-        res = loop.generate(target, prop, PROMPT, SamplingParams(temperature=temperature, seed=i,
+        res = steps.generate(target, prop, PROMPT, SamplingParams(temperature=temperature, seed=i,
                                                                  max_new_tokens=K + 2), K)
         prop.close()
         samples.append(tuple(res.token_ids[:N_TOKENS]))
@@ -128,7 +128,7 @@ def _hit_counts(c: float, n: int = 1500) -> dict:
     seen = {"hit": 0, "miss": 0}
     for i in range(n):
         prop = ssd_proposer(draft, None, fanout=2, saguaro_c=c)
-        res = loop.generate(target, prop, PROMPT, SamplingParams(temperature=1.0, seed=i, max_new_tokens=8), K)
+        res = steps.generate(target, prop, PROMPT, SamplingParams(temperature=1.0, seed=i, max_new_tokens=8), K)
         prop.close()
         for r in res.rounds[1:]:
             if r.info:  # rounds near the end may propose nothing
@@ -140,9 +140,9 @@ def _hit_counts(c: float, n: int = 1500) -> dict:
 def test_ssd_greedy_equals_plain_decoding_token_for_token(predraft, width):
     target = make_target()
     for draft in (make_unlike_draft(), make_target()):
-        ar = loop.generate(target, None, PROMPT, SamplingParams(max_new_tokens=30), 0)
+        ar = steps.generate(target, None, PROMPT, SamplingParams(max_new_tokens=30), 0)
         prop = ssd_proposer(draft, predraft, fanout=3, width=width)
-        ssd = loop.generate(target, prop, PROMPT, SamplingParams(max_new_tokens=30), K)
+        ssd = steps.generate(target, prop, PROMPT, SamplingParams(max_new_tokens=30), K)
         prop.close()
         assert ssd.token_ids == ar.token_ids
 

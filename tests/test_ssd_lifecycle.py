@@ -15,7 +15,7 @@ from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.engine import Engine
 from speclm.errors import BackendError
-from speclm.speculative import loop
+from speclm.speculative import steps
 from speclm.speculative.proposers.draft_model import DraftModelProposer
 from speclm.speculative.ssd.client import SessionFailed, SpeculatorConfig, SpeculatorProcess, SSDProposer
 from speclm.speculative.ssd.speculator import SpeculatorSession, SSDOptions
@@ -145,9 +145,9 @@ def test_a_failed_block_moves_only_its_request_to_the_sync_path():
     target, draft, lost = ToyBackend(VOCAB, seed=11), ToyBackend(VOCAB, seed=99, order=1), []
     prop = SSDProposer(lambda: FailingChannel(draft, lost), SSDOptions(), k=3,
                        fallback=lambda: DraftModelProposer(draft))
-    ssd = loop.generate(target, prop, PROMPT, SamplingParams(max_new_tokens=30), 3)
+    ssd = steps.generate(target, prop, PROMPT, SamplingParams(max_new_tokens=30), 3)
     prop.close()
-    ar = loop.generate(target, None, PROMPT, SamplingParams(max_new_tokens=30), 0)
+    ar = steps.generate(target, None, PROMPT, SamplingParams(max_new_tokens=30), 0)
     assert ssd.token_ids == ar.token_ids and sync_rounds(ssd)
     assert lost == []  # the speculator itself was never declared lost
 

@@ -7,13 +7,13 @@ import pytest
 
 from speclm.backends.toy import ToyBackend
 from speclm.sampling import SamplingParams
-from speclm.speculative import loop
+from speclm.speculative import steps
 from speclm.speculative.proposers.ngram import NgramProposer
 from speclm.stops import StopChecker
 
 
 def _plain_text(target, prompt, n):
-    return loop.generate(target, None, prompt, SamplingParams(max_new_tokens=n), 0)
+    return steps.generate(target, None, prompt, SamplingParams(max_new_tokens=n), 0)
 
 
 @pytest.mark.parametrize("k", [0, 3, 8])
@@ -21,7 +21,7 @@ def test_max_new_tokens_is_exact_even_mid_round(k):
     target = ToyBackend(6, seed=5)
     prompt = [0, 1, 2, 0, 1, 2, 0, 1]
     for n in (1, 2, 5, 13):
-        res = loop.generate(target, NgramProposer(1, 3), prompt, SamplingParams(max_new_tokens=n), k)
+        res = steps.generate(target, NgramProposer(1, 3), prompt, SamplingParams(max_new_tokens=n), k)
         assert len(res.token_ids) == n and res.finish_reason == "length"
         assert res.token_ids == _plain_text(target, prompt, n).token_ids
 
@@ -34,7 +34,7 @@ def test_stop_string_cuts_text_and_nothing_after_it_is_emitted(k):
     stop = full[7:9]
     first = full.find(stop)
     streamed: list[str] = []
-    res = loop.generate(target, NgramProposer(1, 3), prompt,
+    res = steps.generate(target, NgramProposer(1, 3), prompt,
                         SamplingParams(max_new_tokens=30, stop=(stop,)), k, on_text=streamed.append)
     assert res.finish_reason == "stop"
     assert res.text == full[:first]
@@ -63,7 +63,7 @@ def test_earliest_stop_match_through_the_loop():
     # j: full[j:j+2] and full[j-1:j+2] both first occur here, so both complete at j+1
     j = next(j for j in range(3, 27) if full.find(full[j:j + 2]) == j and full.find(full[j - 1:j + 2]) == j - 1)
     later, earlier = full[j:j + 2], full[j - 1:j + 2]
-    res = loop.generate(target, NgramProposer(1, 3), prompt,
+    res = steps.generate(target, NgramProposer(1, 3), prompt,
                         SamplingParams(max_new_tokens=30, stop=(later, earlier)), 4)
     assert res.finish_reason == "stop" and res.text == full[:j - 1]
 
@@ -71,16 +71,16 @@ def test_earliest_stop_match_through_the_loop():
 @pytest.mark.parametrize("seed", [16, 19])  # seeds whose greedy text reaches EOS after 6 / 4 tokens
 def test_eos_ends_generation_and_is_not_emitted(seed):
     target = ToyBackend(6, seed=seed, eos_id=5)
-    ignoring = loop.generate(target, None, [0, 1, 2], SamplingParams(max_new_tokens=50, ignore_eos=True), 0)
+    ignoring = steps.generate(target, None, [0, 1, 2], SamplingParams(max_new_tokens=50, ignore_eos=True), 0)
     cut = ignoring.token_ids.index(5)
     for k in (0, 2, 8):
-        res = loop.generate(target, NgramProposer(1, 3), [0, 1, 2], SamplingParams(max_new_tokens=50), k)
+        res = steps.generate(target, NgramProposer(1, 3), [0, 1, 2], SamplingParams(max_new_tokens=50), k)
         assert res.finish_reason == "stop" and res.token_ids == ignoring.token_ids[:cut]
 
 
 def test_context_full_ends_with_length():
     target = ToyBackend(6, seed=5, n_ctx=20)
-    res = loop.generate(target, NgramProposer(1, 3), [0, 1, 2], SamplingParams(max_new_tokens=100), 4)
+    res = steps.generate(target, NgramProposer(1, 3), [0, 1, 2], SamplingParams(max_new_tokens=100), 4)
     assert res.finish_reason == "length" and len(res.token_ids) + 3 == 20
 
 

@@ -14,7 +14,7 @@ import pytest
 from speclm.backends.toy import ToyBackend
 from speclm.errors import InvalidRequestError
 from speclm.sampling import SamplingParams
-from speclm.speculative import loop
+from speclm.speculative import steps
 from speclm.costs import CostModel
 from speclm.speculative.controller import Calibration, GoodputController
 from speclm.speculative.proposers.suffix import SuffixProposer
@@ -115,15 +115,16 @@ def test_an_answers_first_draft_is_calibrated_apart_from_the_later_ones():
     what that header was followed by elsewhere says little about this answer."""
     cache = SuffixCache(max_tokens=1000)
     finished_request(cache, [7, 8, 9, 1, 2, 3, 4, 5])
-    ctrl = GoodputController(CostModel(verify_ms={b: 1.0 + 0.1 * b for b in range(1, 10)}), k_max=8)
-    p = SuffixProposer(cache, controller=ctrl)
+    ctrl = GoodputController(CostModel(verify_ms={b: 1.0 + 0.1 * b for b in range(1, 10)}), k_max=8,
+                             per_position=True)
+    p = SuffixProposer(cache)
     prompt = [6, 7, 8, 9]
     p.begin(prompt, GREEDY)
     for context in (prompt, prompt + [1, 2]):
         ctrl.choose(8)
-        propose(p, context)
+        ctrl.keep(p.propose(context, 8, GREEDY, np.random.default_rng(0)), len(context))
         assert p.round_info()["source"] == "cache"
-    p.update(prompt + [1, 2, 3, 4, 5])
+    ctrl.learn(prompt + [1, 2, 3, 4, 5])
     sources = {group[0] for group, _bucket in ctrl.calibration.cells}
     assert sources == {"cache-first", "cache"}
 
@@ -135,8 +136,8 @@ def test_generation_commits_its_prompt_and_output_to_the_cache_at_close():
     cache = SuffixCache(max_tokens=10_000)
     params = SamplingParams(max_new_tokens=30)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    first = loop.generate(target, SuffixProposer(cache), prompt, params, 8)
-    again = loop.generate(target, SuffixProposer(cache), prompt, params, 8)
+    first = steps.generate(target, SuffixProposer(cache), prompt, params, 8)
+    again = steps.generate(target, SuffixProposer(cache), prompt, params, 8)
     assert again.token_ids == first.token_ids
     assert cache.stats()["cached_requests"] == 2
     assert len(again.rounds) <= len(first.rounds) / 2
@@ -262,10 +263,10 @@ def test_greedy_output_equals_plain_decoding_token_for_token(with_controller):
     cache = _warm_cache(6, 2000)
     params = SamplingParams(max_new_tokens=60)
     for prompt in ([0, 1, 2, 3], [5, 5, 4, 0, 1, 5, 5], [2]):
-        ar = loop.generate(target, None, prompt, params, 0)
-        ctrl = GoodputController(CostModel(verify_ms={b: 1.0 + 0.1 * b for b in range(1, 10)}), k_max=8) \
-            if with_controller else None
-        out = loop.generate(target, SuffixProposer(cache, controller=ctrl), prompt, params, 8, controller=ctrl)
+        ar = steps.generate(target, None, prompt, params, 0)
+        ctrl = GoodputController(CostModel(verify_ms={b: 1.0 + 0.1 * b for b in range(1, 10)}), k_max=8,
+                                 per_position=True) if with_controller else None
+        out = steps.generate(target, SuffixProposer(cache), prompt, params, 8, controller=ctrl)
         assert out.token_ids == ar.token_ids
         assert out.summary.proposed > 0
 
@@ -289,8 +290,8 @@ def test_sampled_output_has_the_target_distribution(with_controller):
     samples, accepted, rejected, cut_to_zero = [], 0, 0, 0
     for i in range(N_SAMPLES):
         params = SamplingParams(max_new_tokens=K + 2, seed=i, **params_kw)
-        ctrl = GoodputController(cost, k_max=K, calibration=calibration) if with_controller else None
-        res = loop.generate(target, SuffixProposer(cache, controller=ctrl), PROMPT, params, K, controller=ctrl)
+        ctrl = GoodputController(cost, k_max=K, calibration=calibration, per_position=True) if with_controller else None
+        res = steps.generate(target, SuffixProposer(cache), PROMPT, params, K, controller=ctrl)
         samples.append(tuple(res.token_ids[:N_TOKENS]))
         accepted += res.summary.accepted
         rejected += sum(r.rejection_position is not None for r in res.rounds)

@@ -18,7 +18,7 @@ probes in 1,100 rounds, a third accepted, ~1 % of the time).
 
 Per-position rule (a free proposer whose drafts carry per-token estimates,
 e.g. suffix decoding): choose() lets the proposer draft K_max and
-choose_prefix(c_1..c_n) keeps the prefix m in 0..n maximising
+keep(draft) (choose_prefix(c_1..c_n)) keeps the prefix m in 0..n maximising
 E(m) / (v(m+1) + o), E(m) = 1 + Σ_{j≤m} Π_{i≤j} ĉ_i, where ĉ is the estimate
 after a `Calibration` learnt online from every round's outcome. v(b) is the
 measured cost of every block size, so a cheap long block (v(16) < v(9) on
@@ -44,6 +44,43 @@ from dataclasses import dataclass, field
 
 from ..costs import CostModel, expected_emitted, expected_tokens, round_cost
 from ..metrics import RoundRecord
+from .proposers.base import Draft
+
+
+class Controller:
+    """What the loop asks of a controller each round, with the answers of a fixed K
+    (the null controller every method without one gets).
+
+    choose(k_cap) -> (K to draft, note); keep(draft, at) -> how many drafted tokens
+    to verify (`at`: the context length the draft continues); observe(record)
+    after the round; learn(context) whenever the context grew. A batching
+    driver first tells it the rest of the step (share_step) and asks what the
+    planned round should emit (expected_for)."""
+
+    prefix_note: str | None = None  # why keep() kept what it kept (the trace shows it)
+
+    def choose(self, k_cap: int) -> tuple[int, str | None]:
+        return k_cap, None
+
+    def keep(self, draft: Draft, at: int) -> int:
+        return len(draft)
+
+    def share_step(self, blocks: dict[int, int], expected: float, seq: int, split: bool = False) -> None:
+        """The other sequences' blocks in the same forward (a fixed K ignores them)."""
+
+    def expected_for(self, n_drafted: int) -> float:
+        """E[tokens emitted] by the round just planned with n_drafted tokens (a fixed K:
+        a neutral guess of half its drafts)."""
+        return 1.0 + 0.5 * n_drafted
+
+    def observe(self, rec: RoundRecord) -> None:
+        """The round's record, once it is complete."""
+
+    def learn(self, context: list[int]) -> None:
+        """The request's context so far (drafts given with tokens are calibrated against it)."""
+
+
+FixedK = Controller
 
 
 OPTIMISTIC_ALPHA = 0.98
@@ -103,7 +140,7 @@ def smoothed_estimate(c: float, support: int) -> float:
     return c * support / (support + 1) if support > 0 else c
 
 
-class GoodputController:
+class GoodputController(Controller):
     """Per-request K choice; acceptance is per sequence, costs are shared."""
 
     def __init__(self, cost: CostModel, k_max: int, alpha_prior: float = 0.5,
@@ -163,9 +200,13 @@ class GoodputController:
             return self.planned_expected if n_drafted else 1.0
         return expected_emitted(self.alpha, n_drafted)
 
-    def expect_confidence(self) -> None:
-        """Switch to the per-position rule (a proposer with estimates calls this)."""
-        self.per_position = True
+    def keep(self, draft: Draft, at: int) -> int:
+        """The prefix of `draft` to verify: choose_prefix over its estimates (every
+        drafted token calibrated later, learn()); a draft without estimates whole."""
+        if not self.per_position or draft.confidence is None:
+            return len(draft)
+        return self.choose_prefix(draft.confidence, draft.match_len, draft.support, draft.source,
+                                  tokens=draft.tokens, at=at)
 
     def choose(self, k_cap: int) -> tuple[int, str]:
         cap = min(self.k_max, k_cap)
@@ -278,7 +319,7 @@ class GoodputController:
         self.rejected = self.decay * self.rejected + (1 if a < rec.proposed else 0)
 
 
-class HeuristicController:
+class HeuristicController(Controller):
     """Hugging Face's rule: K += 2 after a fully accepted round, else K −= 1 (min 1)."""
 
     def __init__(self, k_init: int, k_max: int):

@@ -1,15 +1,24 @@
 """The speculative decoding loop: draft → score → accept → resample → iterate.
 
-Each stage is one function below. Invariant between rounds: the target's KV
-holds `context[:-1]`; the last context token is "pending" and is scored as the
-first row of the next block, so every round is exactly one target forward.
-With no proposer (K = 0) the same loop is plain autoregressive decoding.
+Each stage is one function below (docs/design.md). Invariant between rounds:
+the target's KV holds `context[:-1]`; the last context token is "pending" and
+is scored as the first row of the next block, so every round is exactly one
+target forward. With no proposer (K = 0) the same loop is plain
+autoregressive decoding.
+
+The round protocol: `Generation.plan()` runs stage 1 and returns a `Round`
+(the block to score and what the later stages need); whoever drives the
+request scores every planned block in one forward (`score`, stage 2) and
+hands each request its rows through `Generation.complete(round, p, ...)`
+(stages 3–5). One driver does this for one request or many
+(speculative/steps.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,6 +27,7 @@ from ..errors import InvalidRequestError
 from ..metrics import GenerationResult, RoundRecord, summarize
 from ..sampling import SamplingParams, sample, target_probs
 from ..stops import StopChecker
+from .controller import Controller, FixedK
 from .proposers.base import Draft, Proposer
 
 
@@ -33,17 +43,16 @@ def draft(proposer: Proposer | None, context: list[int], k: int,
 
 
 # ---- 2. score ------------------------------------------------------------
-def score(target: Backend, seq: int, pending: int, d: Draft,
-          params: SamplingParams) -> list[np.ndarray]:
-    """ONE target forward over [pending, d1..dK]; returns the processed target
-    distributions p_1..p_{K+1} (the request's sampling applied)."""
-    return distributions(target.score(seq, [pending, *d.tokens]), params)
-
-
-def distributions(logits: np.ndarray, params: SamplingParams) -> list[np.ndarray]:
-    """The processed target distribution of every scored row (a batched engine
-    scores many requests' blocks in one forward and hands each its rows)."""
-    return [target_probs(row, params) for row in logits]
+def score(target: Backend, blocks: Sequence[tuple[int, list[int], SamplingParams | None]]
+          ) -> list[list[np.ndarray] | None]:
+    """ONE target forward over every block: (sequence, tokens, the request's sampling)
+    for a round's [pending, d1..dK], or (sequence, prompt chunk, None) for a prefill
+    chunk. Per round, the processed target distributions p_1..p_{K+1} (the request's
+    sampling applied: that processed p IS the target distribution); None per chunk."""
+    logits = target.score_batch([(seq, tokens) for seq, tokens, _ in blocks],
+                                [params is not None for _, _, params in blocks])
+    return [None if params is None else [target_probs(row, params) for row in rows]
+            for rows, (_, _, params) in zip(logits, blocks)]
 
 
 # ---- 3. accept -----------------------------------------------------------
@@ -100,21 +109,31 @@ def iterate(target: Backend, seq: int, context: list[int], d: Draft,
     context.append(last_token)
 
 
-# ---- the loop --------------------------------------------------------------
+# ---- the round protocol --------------------------------------------------------
+@dataclass
+class Round:
+    """One planned round (stage 1 done): the block the target must score in one
+    forward, and what stages 3–5 need back."""
+
+    draft: Draft
+    block: list[int]  # [pending, d1..dK]: the rows of this round's forward
+    note: str | None = None  # why this K (the controller's word, for the trace)
+    info: dict | None = None  # the proposer's facts about this draft, for the trace
+    draft_ms: float = 0.0
+
+
 class Generation:
-    """One request's state across rounds. `step()` runs one full round
-    (draft → score → accept → resample → iterate); a scheduler may interleave
-    the steps of many Generations on one backend. Owns its KV sequence and
-    its proposer; `close()` releases both (idempotent).
+    """One request's state across rounds. Owns its KV sequence and its
+    proposer; `close()` releases both (idempotent).
+
+    A driver (speculative/steps.py) takes it through `begin()`, prefills
+    `prefill_left` (then `prefilled(n)`), and runs each round as `plan()` →
+    its share of one scored forward → `complete(round, p, ...)`.
 
     `threads` (None: the backend default) sets the target's compute threads
     for this request's forwards (SSD gives the other cores to its speculator).
-    `controller`, if given, picks each round's K (0 = a plain decoding step)
-    through `choose(k_max) -> (k, note)` and learns from `observe(record)`.
-
-    A batching scheduler drives the same round in halves around one shared
-    forward: `begin()`, prefill `prefill_left` (then `prefilled(n)`), and per
-    round `plan()` (draft) → its own scoring → `complete(p, ...)`.
+    `controller` picks each round's K (0 = a plain decoding step) and the
+    prefix of each draft it keeps (speculative/controller.py; None: a fixed K).
 
     `prefix_cache` (a PrefixCache), if given, fills the new sequence with the
     longest KV copy of an earlier request in `cache_scope` that shares the
@@ -130,7 +149,8 @@ class Generation:
         self.prefix_cache, self.cache_scope = prefix_cache, cache_scope
         self.threads = threads  # target compute threads for this request (None: the backend's)
         self.target, self.proposer, self.params, self.k = target, proposer, params, k
-        self.method, self.on_text, self.controller = method, on_text, controller
+        self.method, self.on_text = method, on_text
+        self.controller: Controller = controller if controller is not None else FixedK()
         self.prompt_ids = list(prompt_ids)
         self.context = list(prompt_ids)
         self.rng = np.random.default_rng(params.seed)
@@ -144,7 +164,6 @@ class Generation:
         self.kv_len = 0
         self.cached_tokens = 0  # prompt tokens restored from the prefix cache, not prefilled
         self.t_begin = self.t_start
-        self._round: tuple = ()
 
     @property
     def finished(self) -> bool:
@@ -181,17 +200,10 @@ class Generation:
         if not self.prefill_left:
             self.prefill_ms = (time.perf_counter() - self.t_begin) * 1000
 
-    def _start(self) -> None:
-        self.begin()
-        if self.prefill_left:
-            self.target.use_threads(self.threads)
-            self.target.prefill(self.seq, self.prefill_left)
-        self.prefilled(len(self.prefill_left))
-
-    def plan(self) -> Draft | None:
-        """Stage 1 of the next round: choose K and draft. None: the context is
-        full and the request has finished. The block to score is
-        [context[-1], *draft.tokens] on this request's sequence."""
+    def plan(self) -> Round | None:
+        """Stage 1 of the next round: the controller chooses K, the proposer drafts,
+        the controller keeps the prefix that pays. None: the context is full and the
+        request has finished."""
         if self.finished:
             return None
         room = self.target.n_ctx - len(self.context)
@@ -200,32 +212,24 @@ class Generation:
             self._done()
             return None
         k_max = max(0, min(self.k, self.stops.remaining - 1, room - 1))
-        k_r, note = self.controller.choose(k_max) if self.controller else (k_max, None)
+        self.controller.learn(self.context)
+        k_r, note = self.controller.choose(k_max)
         t0 = time.perf_counter()
         d = draft(self.proposer, self.context, k_r, self.params, self.rng)
         info = self.proposer.round_info() if self.proposer is not None and k_r > 0 else None
-        self._round = (d, note, info, (time.perf_counter() - t0) * 1000)
-        return d
+        if d.tokens:
+            kept = self.controller.keep(d, len(self.context))
+            if d.confidence is not None:  # a per-position cut: the trace says what was kept and why
+                info = {**(info or {}), "drafted": len(d), "kept": kept, "choice": self.controller.prefix_note}
+            d.truncate(kept)
+        return Round(d, [self.context[-1], *d.tokens], note, info, (time.perf_counter() - t0) * 1000)
 
-    def step(self) -> bool:
-        """Run one round; return True once the generation has finished."""
-        if self.finished:
-            return True
-        if self.seq is None:
-            self._start()
-        d = self.plan()
-        if d is None:
-            return True
-        t1 = time.perf_counter()
-        self.target.use_threads(self.threads)
-        p = score(self.target, self.seq, self.context[-1], d, self.params)
-        return self.complete(p, verify_ms=(time.perf_counter() - t1) * 1000)
-
-    def complete(self, p: list[np.ndarray], verify_ms: float, batch_passes: list[int] | None = None) -> bool:
-        """Stages 3–5 of the planned round from its scored distributions p_1..p_{K+1};
+    def complete(self, rnd: Round, p: list[np.ndarray], verify_ms: float,
+                 batch_passes: list[int] | None = None) -> bool:
+        """Stages 3–5 of a planned round from its scored distributions p_1..p_{K+1};
         True once the generation has finished. batch_passes: the rows of each pass of
         the whole forward when other requests shared it (verify_ms is its time)."""
-        d, note, info, draft_ms = self._round
+        d, note, info, draft_ms = rnd.draft, rnd.note, rnd.info, rnd.draft_ms
         t2 = time.perf_counter()
         a = accept(d, p, self.params, self.rng)
         last = resample(p[a], d.q[a] if a < len(d) else None,
@@ -246,18 +250,8 @@ class Generation:
                              draft_ms=draft_ms, verify_ms=verify_ms, other_ms=(t3 - t2) * 1000, note=note,
                              info=info, batch_passes=batch_passes, at_ms=(t3 - self.t_start) * 1000)
         self.rounds.append(record)
-        if self.controller:
-            self.controller.observe(record)
+        self.controller.observe(record)
         return self._done() if self.finished else False
-
-    def run(self) -> GenerationResult:
-        """Step until finished (releasing resources even on error); the result."""
-        try:
-            while not self.step():
-                pass
-        finally:
-            self.close()
-        return self.result()
 
     def _done(self) -> bool:
         self.t_end = self.t_end or time.perf_counter()
@@ -278,6 +272,7 @@ class Generation:
         if self.proposer is not None:
             self.proposer.update(self.context)
             self.proposer.close()
+        self.controller.learn(self.context)
 
     def result(self) -> GenerationResult:
         end = self.t_end or time.perf_counter()
@@ -290,18 +285,6 @@ class Generation:
                               (self.t_begin - self.t_start) * 1000),
             target=self.target.name, draft=None if self.proposer is None else self.proposer.name,
             cached_prompt_tokens=self.cached_tokens)
-
-
-def generate(target: Backend, proposer: Proposer | None, prompt_ids: list[int],
-             params: SamplingParams, k: int, method: str = "sd",
-             on_text: Callable[[str], None] | None = None,
-             eos_ids: frozenset[int] | None = None, controller=None) -> GenerationResult:
-    """Generate from prompt_ids; the output distribution is the target's.
-
-    k is the draft length per round (k = 0 or no proposer: plain decoding).
-    `on_text` receives final text as soon as it is known (streaming).
-    """
-    return Generation(target, proposer, prompt_ids, params, k, method, on_text, eos_ids, controller).run()
 
 
 def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:

@@ -5,8 +5,9 @@ validation and the bench read this table and nothing else. Adding a method is
 one `register(Method(...))` here (plus its proposer file, and a `Proposal`
 record if it drafts in a new way).
 
-A record's factories receive the `LLM` (which owns the models, the SSD
-speculator and the shared cost models) and the request's `SpecConfig`.
+A record's factories receive the `Resources` a request may draw on (the
+`LLM` implements them: the models, the SSD speculator, the shared caches and
+cost models) and the request's `SpecConfig`.
 """
 
 from __future__ import annotations
@@ -14,55 +15,75 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from ..backends.base import Backend
+from ..costs import CostModel
 from ..errors import InvalidRequestError
-from .controller import GoodputController, HeuristicController
+from .controller import Calibration, GoodputController, HeuristicController
 from .proposers.base import Proposer
 from .proposers.draft_model import DraftModelProposer
 from .proposers.medusa import MedusaProposer
 from .proposers.ngram import NgramProposer
 from .proposers.suffix import SuffixProposer
+from .proposers.suffix_index import SuffixCache
 
-# The records' factories take (llm, spec): a speclm.api.LLM and a
-# speculative.config.SpecConfig. Neither is imported: both sit above this table.
-LLM = SpecConfig = Any
-Factory = Callable[[LLM, SpecConfig], Any]
+SpecConfig = Any  # speculative.config.SpecConfig, which imports this table
+
+
+class Resources(Protocol):
+    """What a method's factories may use, owned by the LLM (speclm.api.LLM implements it)."""
+
+    target: Backend
+
+    @property
+    def draft(self) -> Backend: ...
+    def speculator(self) -> Any: ...
+    def suffix_cache(self, scope: str | None = None) -> SuffixCache | None: ...
+    def medusa_heads(self, spec: SpecConfig) -> tuple[Any, Any]: ...
+    def cost_model(self, proposal: str | None, k: int) -> CostModel: ...
+    def calibration(self, proposal: str | None) -> Calibration: ...
+    def proposal_of(self, spec: SpecConfig) -> str | None: ...
+
+
+LLM = Resources
+Factory = Callable[[Resources, SpecConfig], Any]
 
 
 @dataclass(frozen=True)
 class Proposal:
-    """A way of drafting: how to build its proposer, and whether it needs the draft model.
+    """A way of drafting: how to build its proposer, and what is true of it.
 
-    selectable: adaptive methods may draft with it (`SpecConfig.proposer`)."""
+    needs_draft: it drafts with the draft model; estimates: its drafts carry a
+    per-token acceptance estimate (a goodput controller then keeps the prefix that
+    pays); selectable: adaptive methods may draft with it (`SpecConfig.proposer`)."""
 
     name: str
-    make: Callable[[LLM, SpecConfig, Any], Proposer]  # (llm, spec, the request's controller or None)
+    make: Callable[[LLM, SpecConfig], Proposer]
     needs_draft: bool = False
+    estimates: bool = False
     selectable: bool = True
     description: str = ""
 
 
-def _ssd_proposer(llm: LLM, spec: SpecConfig, controller: Any) -> Proposer:
+def _ssd_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
     from .ssd.client import SSDProposer
     return SSDProposer(llm.speculator().open, spec.ssd, k=spec.k,
                        fallback=lambda: DraftModelProposer(llm.draft), name=f"ssd:{llm.draft.name}")
 
 
-def _medusa_proposer(llm: LLM, spec: SpecConfig, controller: Any) -> Proposer:
+def _medusa_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
     heads, learner = llm.medusa_heads(spec)
     return MedusaProposer(heads, learner)
 
 
 PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
-    Proposal("draft", lambda llm, spec, ctl: DraftModelProposer(llm.draft, p_min=spec.p_min), needs_draft=True,
+    Proposal("draft", lambda llm, spec: DraftModelProposer(llm.draft, p_min=spec.p_min), needs_draft=True,
              description="the draft model, sampled with the request's settings"),
-    Proposal("ngram", lambda llm, spec, ctl: NgramProposer(spec.ngram_min, spec.ngram_max),
+    Proposal("ngram", lambda llm, spec: NgramProposer(spec.ngram_min, spec.ngram_max),
              description="prompt lookup: copy what followed the latest earlier n-gram match"),
-    Proposal("suffix", lambda llm, spec, ctl: SuffixProposer(
-        llm.suffix_cache(spec.cache_scope), spec.suffix,
-        controller=ctl if hasattr(ctl, "choose_prefix") else None),  # it cuts each draft to what pays
-             description="suffix decoding: the longest match in this request and in the LLM's cache of "
+    Proposal("suffix", lambda llm, spec: SuffixProposer(llm.suffix_cache(spec.cache_scope), spec.suffix),
+             estimates=True, description="suffix decoding: the longest match in this request and in the LLM's cache of "
                          "earlier verified outputs, per-token acceptance estimates"),
     Proposal("medusa", _medusa_proposer,
              description="Medusa heads: head i drafts token i from the target's own hidden state"),
@@ -90,7 +111,7 @@ def _ssd_threads(llm: LLM, spec: SpecConfig) -> int | None:
 def _goodput(llm: LLM, spec: SpecConfig) -> GoodputController:
     proposal = llm.proposal_of(spec)
     return GoodputController(llm.cost_model(proposal, spec.k), k_max=spec.k,
-                             calibration=llm.calibration(proposal))
+                             calibration=llm.calibration(proposal), per_position=PROPOSALS[proposal].estimates)
 
 
 def _heuristic(llm: LLM, spec: SpecConfig) -> HeuristicController:

@@ -18,12 +18,18 @@ class Draft:
     proposer is deterministic for that token (one-hot q at d[i]).
     confidence (optional, one per token) is the proposer's estimate of the
     probability that d[i] is accepted given d[1..i-1] were; it only informs
-    how much of the block to verify, never the acceptance rule.
+    how much of the block to verify, never the acceptance rule. match_len,
+    support and source qualify those estimates for the controller's
+    calibration: the match the draft continues, the occurrences each estimate
+    was counted over, where the draft came from ("own", "cache", ...).
     """
 
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray | None] = field(default_factory=list)
     confidence: list[float] | None = None
+    match_len: int | None = None
+    support: tuple[int, ...] | None = None
+    source: str | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import InvalidRequestError
 from ...sampling import SamplingParams
 from .base import Draft, Proposer
 from .suffix_index import SuffixCache, SuffixConfig, SuffixIndex
@@ -28,31 +27,23 @@ class SuffixProposer(Proposer):
     """Drafts from the request's own context first, then the shared cache.
 
     Both sources are matched; the draft with the higher expected accepted
-    length wins, the own context on ties. With a `controller` that has
-    `choose_prefix(confidence) -> int` (GoodputController), each draft is cut
-    to the prefix the controller expects to pay best (possibly empty: a plain
-    step); the controller is told to expect this (`expect_confidence()`) and
-    then returns K_max from choose(), drafting being free.
+    length wins, the own context on ties. Each draft carries its per-token
+    estimates, the match it continues and its source ("own", "cache", with
+    "-first" for an answer's first draft, which continues the chat template's
+    header whatever the request asks: run W17), so a controller can keep the
+    prefix that pays (the loop asks it: GoodputController.keep).
     One proposer per request; close() commits the request to the cache.
     """
 
-    def __init__(self, cache: SuffixCache | None = None, config: SuffixConfig | None = None,
-                 controller=None):
+    def __init__(self, cache: SuffixCache | None = None, config: SuffixConfig | None = None):
         self.cache = cache
         self.config = config or SuffixConfig()
-        self.controller = controller
-        if controller is not None:
-            if not hasattr(controller, "choose_prefix"):
-                raise InvalidRequestError(
-                    "suffix decoding: the controller must choose the draft prefix "
-                    "(GoodputController), got " + type(controller).__name__)
-            controller.expect_confidence()
         self.name = f"suffix[depth={self.config.max_depth}]"
         self._own = SuffixIndex()
         self._prompt_len = -1
         self._committed = False
         self._info: dict | None = None
-        self.counts = {"lookups": 0, "own_hits": 0, "cache_hits": 0, "misses": 0, "drafted": 0, "kept": 0}
+        self.counts = {"lookups": 0, "own_hits": 0, "cache_hits": 0, "misses": 0, "drafted": 0}
 
     def _sync(self, context: list[int]) -> None:
         """Index what is new in context (it only grows within a request)."""
@@ -67,11 +58,6 @@ class SuffixProposer(Proposer):
     def update(self, context: list[int]) -> None:
         """Learn the context without drafting (e.g. the final round's tokens, just before close())."""
         self._sync(context)
-        self._learn(context)
-
-    def _learn(self, context: list[int]) -> None:
-        if self.controller is not None:
-            self.controller.learn(context)  # earlier drafts against what was emitted
 
     def begin(self, context: list[int], params: SamplingParams) -> None:
         self._prompt_len = len(context)
@@ -82,7 +68,6 @@ class SuffixProposer(Proposer):
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         self._sync(context)
-        self._learn(context)
         self._info = None
         if k <= 0:
             return Draft()
@@ -98,22 +83,12 @@ class SuffixProposer(Proposer):
             self.counts["misses"] += 1
         else:
             self.counts[f"{source}_hits"] += 1
-        d = Draft(list(best.tokens), [None] * len(best.tokens), list(best.confidence))
-        kept = len(d)
-        if self.controller is not None and d.tokens:
-            # An answer's first draft continues a match that ends in the chat template's header,
-            # whatever the request asks: its calibration is kept apart (run W17, chat).
-            first = len(context) == self._prompt_len
-            kept = self.controller.choose_prefix(d.confidence, best.length, best.support,
-                                                 f"{source}-first" if first else source,
-                                                 tokens=d.tokens, at=len(context))
-            d.truncate(kept)
+        first = len(context) == self._prompt_len
+        d = Draft(list(best.tokens), [None] * len(best.tokens), list(best.confidence), match_len=best.length,
+                  support=tuple(best.support), source=f"{source}-first" if first and source else source)
         self.counts["drafted"] += len(best.tokens)
-        self.counts["kept"] += kept
-        self._info = {"source": source, "match": best.length, "drafted": len(best.tokens), "kept": kept,
+        self._info = {"source": source, "match": best.length, "drafted": len(best.tokens),
                       "expected": round(best.expected, 3)}
-        if self.controller is not None and best.tokens:
-            self._info["choice"] = self.controller.prefix_note
         return d
 
     def round_info(self) -> dict | None:

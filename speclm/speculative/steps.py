@@ -1,12 +1,15 @@
-"""One forward per engine step: every active request's prefill chunk or round
-block goes into ONE `score_batch` (one llama_decode), then each request runs
+"""The one driver of rounds: one forward per step for every request in it, one
+request being a batch of one (`generate`, `run_alone`; the engine steps many).
+
+Every active request's prefill chunk or round block goes into ONE forward
+(loop.score: one `score_batch`, one llama_decode), then each request runs
 accept → resample → iterate on its own rows. Where the target's measured cost
 curve prices a few smaller forwards cheaper than one (`forwards`: on a Zen 3,
 8 one-token rows cost more than two forwards of 4), the step runs those.
 
 The five stages stay where they are (speculative/loop.py): a request plans its
-round (`Generation.plan`: K and the draft), the step scores all blocks
-together, and `Generation.complete` finishes each round from its rows. What a
+round (`Generation.plan` returns a `Round`: K and the draft), the step scores all
+blocks together, and `Generation.complete` finishes each round from its rows. What a
 request emits therefore depends on the batch only through batch numerics:
 on a backend whose k-row forward equals k one-row forwards (the toy backend)
 batched output equals unbatched output exactly.
@@ -26,15 +29,18 @@ drafts do not slow the prefill (and the first token) of waiting requests.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from .backends.base import Backend
-from .prefix_cache import MIN_REUSE, common_prefix
-from .costs import CostModel
-from .speculative.loop import Generation, distributions
-from .speculative.proposers.base import Draft
+from ..backends.base import Backend
+from ..costs import CostModel
+from ..metrics import GenerationResult
+from ..prefix_cache import MIN_REUSE, common_prefix
+from ..sampling import SamplingParams
+from .loop import Generation, Round, score
+from .proposers.base import Proposer
 
 PREFILL_CHUNK = 256  # prompt tokens per step while other requests decode
 
@@ -45,15 +51,9 @@ class Slot:
 
     gen: Generation
     tokens: list[int]
-    draft: Draft | None = None  # None: a prefill chunk
+    round: Round | None = None  # None: a prefill chunk
     finished: bool = False
     error: BaseException | None = None
-
-
-def _expected(gen: Generation, d: Draft) -> float:
-    """Tokens the planned round is expected to emit (for the next requests' K choice)."""
-    expected_for = getattr(gen.controller, "expected_for", None)
-    return expected_for(len(d)) if expected_for else 1.0 + 0.5 * len(d)
 
 
 def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFILL_CHUNK,
@@ -78,23 +78,20 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
     planned, expected = {}, float(sum(map(len, chunks)))  # a prompt row is work done, as a token is
     for i, gen in enumerate(decoding):
         try:
-            share = getattr(gen.controller, "share_step", None)
-            if share is not None:
-                rest = decoding[i + 1:]
-                others = {**planned, **{g.seq: 1 for g in rest},
-                          **{g.seq: len(c) for g, c in zip(prefilling, chunks) if c}}
-                share(others, expected + len(rest), gen.seq, split)
-            d = gen.plan()
+            rest = decoding[i + 1:]
+            others = {**planned, **{g.seq: 1 for g in rest},
+                      **{g.seq: len(c) for g, c in zip(prefilling, chunks) if c}}
+            gen.controller.share_step(others, expected + len(rest), gen.seq, split)
+            rnd = gen.plan()
         except Exception as exc:  # noqa: BLE001
             slots.append(Slot(gen, [], error=exc))
             continue
-        if d is None:
+        if rnd is None:
             slots.append(Slot(gen, [], finished=True))
             continue
-        block = [gen.context[-1], *d.tokens]
-        slots.append(Slot(gen, block, d))
-        planned[gen.seq] = len(block)
-        expected += _expected(gen, d)
+        slots.append(Slot(gen, rnd.block, rnd))
+        planned[gen.seq] = len(rnd.block)
+        expected += gen.controller.expected_for(len(rnd.draft))
     for gen, chunk in zip(prefilling, _prefill_chunks(prefilling, capacity, sum(planned.values()), prefill_chunk)):
         if chunk:
             slots.append(Slot(gen, chunk))
@@ -181,19 +178,54 @@ def run_step(target: Backend, slots: list[Slot], costs: CostModel | None = None)
 def _run_forward(target: Backend, group: list[Slot]) -> None:
     t0 = time.perf_counter()
     try:
-        rows = target.score_batch([(s.gen.seq, s.tokens) for s in group], [s.draft is not None for s in group])
+        dists = score(target, [(s.gen.seq, s.tokens, None if s.round is None else s.gen.params) for s in group])
     except Exception as exc:  # noqa: BLE001  (every request in the forward fails)
         for s in group:
             s.error = exc
         return
     ms = (time.perf_counter() - t0) * 1000
     passes = target.pass_rows({s.gen.seq: len(s.tokens) for s in group})
-    for s, logits in zip(group, rows):
+    for s, p in zip(group, dists):
         try:
-            if s.draft is None:
+            if s.round is None:
                 s.gen.prefilled(len(s.tokens))
             else:
-                p = distributions(logits, s.gen.params)
-                s.finished = s.gen.complete(p, verify_ms=ms, batch_passes=None if len(group) == 1 else passes)
+                s.finished = s.gen.complete(s.round, p, verify_ms=ms,
+                                            batch_passes=None if len(group) == 1 else passes)
         except Exception as exc:  # noqa: BLE001
             s.error = exc
+
+
+# ---- one request alone -----------------------------------------------------------
+def step_alone(gen: Generation) -> bool:
+    """One step of one request through the same driver (a prefill, or a round);
+    True once it has finished. Its error is raised."""
+    if gen.finished:
+        return True
+    slots = plan_step([gen], gen.target.n_ctx)
+    run_step(gen.target, slots)
+    slot = slots[0]
+    if slot.error is not None:
+        raise slot.error
+    return slot.finished
+
+
+def run_alone(gen: Generation) -> GenerationResult:
+    """Step one request until it finishes (releasing its resources even on error)."""
+    try:
+        while not step_alone(gen):
+            pass
+    finally:
+        gen.close()
+    return gen.result()
+
+
+def generate(target: Backend, proposer: Proposer | None, prompt_ids: list[int], params: SamplingParams,
+             k: int, method: str = "sd", on_text: Callable[[str], None] | None = None,
+             eos_ids: frozenset[int] | None = None, controller=None) -> GenerationResult:
+    """Generate from prompt_ids; the output distribution is the target's.
+
+    k is the draft length per round (k = 0 or no proposer: plain decoding);
+    controller: speculative/controller.py (None: a fixed K). `on_text` receives
+    final text as soon as it is known (streaming)."""
+    return run_alone(Generation(target, proposer, prompt_ids, params, k, method, on_text, eos_ids, controller))
