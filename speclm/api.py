@@ -53,14 +53,15 @@ class LLM:
         kernels: llama.cpp kernels for every model (None: $SPECLM_KERNELS, else auto: each
         configuration proven on this machine first, the fastest for `kernels_for`,
         "speculation" or "decoding", taken; docs/kernels.md)."""
-        from .models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+        from .models.registry import DEFAULT_TARGET, default_draft
         if kernels_for not in ("speculation", "decoding"):
             raise InvalidRequestError(f"kernels_for must be 'speculation' or 'decoding', got {kernels_for!r}")
         self._n_ctx, self._n_threads, self._max_seqs = n_ctx, n_threads, max_sequences
         self._kernels = check_kernels(kernels)
         self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences, self._kernels,
                                    kernels_for)
-        self._draft_spec = draft if draft is not None else (DEFAULT_DRAFT if target is None else None)
+        self._draft_spec = draft if draft is not None else \
+            (default_draft(target) if target is None or isinstance(target, str) else None)
         self._draft: Backend | None = None
         self._draft_lock = threading.Lock()
         self._costs: dict[str | None, CostModel] = {}
@@ -183,10 +184,17 @@ class LLM:
             return self._calibrations.setdefault(proposal, Calibration())
 
     def _proposal_checked(self, spec: SpecConfig) -> str | None:
-        """proposal_of(spec), refusing a method that needs a draft model this LLM lacks."""
+        """proposal_of(spec), refusing a method that needs a draft model this LLM lacks
+        and settings the request's drafting would ignore."""
         proposal = self.proposal_of(spec)
         if proposal is not None and PROPOSALS[proposal].needs_draft and not self.has_draft:
             raise InvalidRequestError(f"method {spec.method} needs a draft model: pass draft=NAME|PATH (--draft)")
+        if unused := spec.unused_settings(proposal):
+            raise InvalidRequestError(
+                f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not read by method {spec.method} "
+                f"(it drafts with {proposal or 'nothing: plain decoding'}): drop "
+                f"{'it' if len(unused) == 1 else 'them'} or choose a method that reads "
+                f"{'it' if len(unused) == 1 else 'them'} (speclm.speculative.methods lists the methods)")
         return proposal
 
     def speculator(self):

@@ -171,7 +171,7 @@ class Engine:
                spec: SpecConfig | None = None, chat: bool = False) -> RequestHandle:
         """Validate and enqueue a request; errors in the request raise here."""
         params = params or SamplingParams()
-        spec = spec or SpecConfig(method="ar")
+        spec = spec or SpecConfig()  # the same default as LLM.generate: auto
         prompt_ids = self.llm.encode(prompt, chat)
         handle = RequestHandle(f"req-{next(self._ids)}", prompt_ids)
         gen = self.llm.start(prompt_ids, params, spec, on_text=handle._push)

@@ -1,9 +1,15 @@
 """Settings declared once: a dataclass field with `option(...)` carries its
-help text, its command-line flag and whether an HTTP request may set it.
+default, help text, command-line flag, whether an HTTP request may set it,
+and which proposals read it.
 
-`speclm generate`, `bench` and `serve` generate their flags from these fields
-(`speclm.commands.options`), and the server generates its request fields from the
-ones marked `request=True`; nobody repeats a name, a default or a help line.
+Every command's flags are generated from these fields
+(`speclm.commands.options.add_options`), and the server generates its request
+fields from the ones marked `request` (`speclm.server.schemas`); nobody
+repeats a name, a default or a help line. The dataclasses that declare
+settings: SamplingParams (sampling.py), LoadConfig (backends/load.py),
+SpecConfig and its method sections (speculative/config.py), SpeculatorConfig
+(speculative/ssd/client.py), ServerConfig and ListenConfig (server/), and the
+bench's and trust policy's configs (bench/).
 """
 
 from __future__ import annotations
@@ -15,31 +21,43 @@ from typing import Any
 
 def option(default: Any, help: str, *, kind: Callable[[str], Any] | None = None, flag: str | None = None,
            choices: Callable[[], tuple[str, ...]] | tuple[str, ...] | None = None,
-           request: bool = False, cli: bool = True) -> Any:
+           request: bool | str = False, cli: bool = True, many: str | None = None,
+           metavar: str | None = None, reads: tuple[str, ...] | None = None,
+           default_factory: Callable[[], Any] | None = None) -> Any:
     """A dataclass field with its user-facing description.
 
-    kind: the argparse type (default: type(default), str for None); flag: the
-    command-line flag (default --field-name); choices: allowed values (a
-    callable is read when the parser is built, so tables can grow); request:
-    settable per HTTP request; cli: has a command-line flag at all.
+    kind: the type of one value on the command line (default: type(default), str
+    for None); flag: the command-line flag (default --field-name); choices:
+    allowed values (a callable is read when the parser is built, so tables can
+    grow); request: settable per HTTP request (True: under the field's name, a
+    string: under that name); cli: has a flag at all; many: the field holds
+    several values, given "csv" (comma-separated) or "repeat" (the flag
+    repeated); reads: the proposals that use this setting (None: every request),
+    so setting it for another is an error (SpecConfig checks).
     """
-    meta = {"help": help, "kind": kind, "flag": flag, "choices": choices, "request": request, "cli": cli}
+    meta = {"help": help, "kind": kind, "flag": flag, "choices": choices, "request": request, "cli": cli,
+            "many": many, "metavar": metavar, "reads": reads}
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata={"option": meta})
     return dataclasses.field(default=default, metadata={"option": meta})
 
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """One declared setting, as the CLIs and the server see it."""
+    """One declared setting, as the commands and the server see it."""
 
-    name: str  # the field name: also the HTTP request field name
-    section: str | None  # None: a field of SpecConfig; else the SpecConfig field holding its dataclass
+    name: str  # the field name
+    section: str | None  # a field of a nested settings dataclass: the field holding it; else None
     default: Any
     help: str
     kind: Callable[[str], Any]
     flag: str
     choices: tuple[str, ...] | None
-    request: bool
+    request: str | None  # the HTTP request field's name (None: not settable per request)
     cli: bool
+    many: str | None
+    metavar: str | None
+    reads: tuple[str, ...] | None
 
     @property
     def dest(self) -> str:
@@ -54,6 +72,9 @@ def options_of(cls: type, section: str | None = None) -> Iterator[Option]:
         if meta is None:
             continue
         choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]
-        kind = meta["kind"] or (str if f.default is None else type(f.default))
-        yield Option(f.name, section, f.default, meta["help"], kind,
-                     meta["flag"] or "--" + f.name.replace("_", "-"), choices, meta["request"], meta["cli"])
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        kind = meta["kind"] or (str if default is None or meta["many"] else type(default))
+        request = f.name if meta["request"] is True else (meta["request"] or None)
+        yield Option(f.name, section, default, meta["help"], kind,
+                     meta["flag"] or "--" + f.name.replace("_", "-"), choices, request, meta["cli"],
+                     meta["many"], meta["metavar"], meta["reads"])

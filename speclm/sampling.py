@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidRequestError
+from .options import option
 
 # A nucleus almost always lives among the few hundred most likely tokens; look
 # there first (argpartition, O(V)) and fall back to a full sort only if not.
@@ -26,17 +27,24 @@ class SamplingParams:
     """How the target distribution is derived from the model's logits.
 
     temperature == 0 means greedy (argmax). top_k == 0 and top_p == 1.0 and
-    min_p == 0.0 disable those filters. `seed` makes a run reproducible.
+    min_p == 0.0 disable those filters. `seed` makes a run reproducible. Each
+    field is a declared setting: the commands' flags and the server's request
+    fields are generated from it (speclm/options.py).
     """
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int | None = None
-    max_new_tokens: int = 128
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
+    temperature: float = option(0.0, "0 = greedy (default); the server's default is OpenAI's, 1",
+                                request=True)
+    top_k: int = option(0, "keep the k most likely tokens (0: off)", request=True)
+    top_p: float = option(1.0, "keep the smallest set of tokens holding this much probability (1: off)",
+                          request=True)
+    min_p: float = option(0.0, "drop tokens less likely than this times the most likely one (0: off)",
+                          request=True)
+    seed: int | None = option(None, "sampling seed (a run with the same seed and settings repeats)", kind=int,
+                              request=True)
+    max_new_tokens: int = option(128, "tokens to generate at most", request="max_tokens")
+    stop: tuple[str, ...] = option((), "stop when this text appears (repeatable)", many="repeat", request=True)
+    ignore_eos: bool = option(False, "generate max-new-tokens tokens even past the end-of-text token",
+                              request=True)
 
     def __post_init__(self) -> None:
         if self.stop is None:

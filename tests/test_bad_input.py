@@ -485,6 +485,14 @@ def test_no_draft_needed_for_other_methods(llm):
         assert len(llm.generate("def f():", TINY, spec).token_ids) == 2
 
 
-def test_errors_are_speclm_errors():
-    for cls in (ModelError, TokenizerMismatchError, InvalidRequestError, BackendError):
-        assert issubclass(cls, SpeclmError)
+@pytest.mark.parametrize("cls", [ModelError, TokenizerMismatchError, InvalidRequestError, BackendError])
+def test_every_user_fixable_error_reaches_the_command_line_as_one_line(cls, capsys, monkeypatch):
+    """Whatever kind of speclm error a command raises, `speclm` prints it as one
+    `speclm: error:` line and exits 1, never with a traceback."""
+    from speclm.commands import generate, main
+    def fail(args):
+        raise cls("the problem, and the fix")
+    monkeypatch.setattr(generate, "cmd_generate", fail)
+    assert main(["generate", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err == "speclm: error: the problem, and the fix\n"

@@ -129,7 +129,8 @@ def test_chat_stream_equals_non_stream(smol):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == msg.content
     assert chunks[-2].choices[0].finish_reason == full.choices[0].finish_reason
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
-    assert chunks[-1].usage.model_extra["speculative"]["drafted"] >= 0
+    streamed, whole = chunks[-1].usage.model_extra["speculative"], full.usage.model_extra["speculative"]
+    assert (streamed["drafted"], streamed["accepted"]) == (whole["drafted"], whole["accepted"])  # greedy, same drafts
 
 
 def test_models_and_health(smol):

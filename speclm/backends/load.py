@@ -4,8 +4,32 @@ tokenizer check every draft model must pass."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..errors import TokenizerMismatchError
+from ..options import option
 from .base import Backend
+from .kernels import check_request
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Which models to load and how: the settings every command that loads models
+    shares (their flags are generated from these fields)."""
+
+    target: str | None = option(None, "target model: registered name, NAME@QUANT variant or GGUF path "
+                                "(default: qwen2.5-coder-1.5b)")
+    draft: str | None = option(None, "draft model for methods that draft with one: name or GGUF path (default: "
+                               "qwen2.5-coder-0.5b when the target is the default or one of its variants and "
+                               "the method drafts with a model)")
+    n_ctx: int = option(4096, "context length per sequence", flag="--n-ctx")
+    n_threads: int | None = option(None, "CPU threads llama.cpp computes with (default: all cores)",
+                                   kind=int, flag="--threads")
+    kernels: str | None = option(None, "llama.cpp kernels: auto (default; $SPECLM_KERNELS overrides) proves "
+                                 "each configuration on this machine in a child process once and takes the "
+                                 "fastest that works; a family (amx, repack, plain) or a configuration (e.g. "
+                                 "repack+tiled) forces it (`speclm doctor` shows the verdicts)",
+                                 kind=check_request, metavar="auto|amx|repack|plain")
 
 
 def load_backend(model: str | Backend, n_ctx: int = 4096, n_threads: int | None = None,

@@ -17,7 +17,8 @@ import sys
 
 from ..backends import kernels as K
 from ..backends import probe
-from .options import add_kernels_option
+from ..backends.load import LoadConfig
+from .options import add_json_option, add_options
 from ..machine import cpu_model, isa_flags
 
 SHOWN_BLOCKS = (1, 2, 4, 8, 16)
@@ -30,13 +31,11 @@ def add_doctor_parser(subparsers) -> None:
     d = subparsers.add_parser("doctor", help="show this machine's kernels, their verdicts and costs",
                               description="Probe llama.cpp's kernel configurations on this machine (once; cached) "
                                           "and show what speclm will use, with v(b) for each.")
-    d.add_argument("--target", default=None, help="the model to probe (default: qwen2.5-coder-1.5b)")
-    d.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
-    add_kernels_option(d)
+    add_options(d, LoadConfig, "models", skip=("draft", "n_ctx"))
     d.add_argument("--reprobe", action="store_true", help="forget this machine's verdicts and probe again "
                    "(after rebuilding llama-cpp-python, say)")
     d.add_argument("--no-quality", action="store_true", help="skip the perplexity pass over prepared variants")
-    d.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_option(d)
     d.set_defaults(func=cmd_doctor)
 
 
@@ -152,9 +151,9 @@ def render(d: dict) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    if args.threads is not None and args.threads < 1:
+    if args.n_threads is not None and args.n_threads < 1:
         from ..errors import InvalidRequestError
-        raise InvalidRequestError(f"--threads must be >= 1, got {args.threads}")
-    d = diagnose(args.target, args.threads, args.kernels, args.reprobe, not args.no_quality)
+        raise InvalidRequestError(f"--threads must be >= 1, got {args.n_threads}")
+    d = diagnose(args.target, args.n_threads, args.kernels, args.reprobe, not args.no_quality)
     print(json.dumps(d) if args.json else render(d), file=sys.stdout)
     return 0

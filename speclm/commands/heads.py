@@ -6,7 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
+from ..backends.load import LoadConfig
 from ..errors import InvalidRequestError
+from ..heads.train import TrainConfig
+from .options import add_options, build
 
 
 def add_heads_parser(sub) -> None:
@@ -16,14 +19,8 @@ def add_heads_parser(sub) -> None:
                       description="Train Medusa heads on the target's own predictions over Python standard-"
                                   "library source and installed packages' documentation (never bench "
                                   "prompts). Rerunning continues where the last run stopped.")
-    t.add_argument("--target", default=None, help="target model: name or GGUF path (default: qwen2.5-coder-1.5b)")
-    t.add_argument("--heads", type=int, default=3, help="number of heads K, 1..4 (default 3)")
-    t.add_argument("--vocab", type=int, default=8192, help="tokens the heads can draft, V' (default 8192)")
-    t.add_argument("--tokens", type=int, default=30_000, help="training tokens to score (default 30000)")
-    t.add_argument("--minutes", type=float, default=20.0, help="time bound, collection and training (default 20)")
-    t.add_argument("--epochs", type=int, default=3)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--threads", type=int, default=None)
+    add_options(t, LoadConfig, "models", skip=("draft", "n_ctx"))
+    add_options(t, TrainConfig, "training")
     t.add_argument("--out", default=None, help="heads file (default: the model cache, where medusa finds it)")
     t.add_argument("--restart", action="store_true", help="discard collected data and training state first")
     t.set_defaults(func=cmd_heads_train)
@@ -40,21 +37,16 @@ def cmd_heads_train(args: argparse.Namespace) -> int:
     from ..backends.load import load_backend
     from ..models.registry import DEFAULT_TARGET
     from ..heads.file import default_heads_path, target_sha256
-    from ..heads.train import TrainConfig, WorkDir, train
-    if not 1 <= args.heads <= 4:
-        raise InvalidRequestError(f"--heads must be in 1..4, got {args.heads}")
-    if args.vocab < 16 or args.tokens < 64 or args.minutes <= 0 or args.epochs < 1 or args.lr <= 0:
-        raise InvalidRequestError("--vocab >= 16, --tokens >= 64, --minutes > 0, --epochs >= 1 and --lr > 0")
-    backend = load_backend(args.target or DEFAULT_TARGET, 4096, args.threads, 1)
+    from ..heads.train import WorkDir, train
+    cfg, load = build(args, TrainConfig), build(args, LoadConfig)
+    backend = load_backend(load.target or DEFAULT_TARGET, 4096, load.n_threads, 1, load.kernels)
     try:
         sha = target_sha256(backend.path)
         out = Path(args.out) if args.out else default_heads_path(sha)
-        work = WorkDir(default_heads_path(sha).with_name(f"work-{sha[:16]}-k{args.heads}-v{args.vocab}"))
+        work = WorkDir(default_heads_path(sha).with_name(f"work-{sha[:16]}-k{cfg.n_heads}-v{cfg.vocab}"))
         if args.restart:
             shutil.rmtree(work.root)
             work = WorkDir(work.root)
-        cfg = TrainConfig(n_heads=args.heads, vocab=args.vocab, tokens=args.tokens, minutes=args.minutes,
-                          epochs=args.epochs, lr=args.lr)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TextColumn("{task.fields[note]}"), TimeElapsedColumn()) as bar:
             tasks: dict[str, int] = {}

@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import Any
 
+from speclm.backends.load import LoadConfig
+from speclm.commands.options import add_json_option, add_options
 from speclm.errors import ModelError
 from speclm.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
 from speclm.models.catalog import list_models, resolve_model
@@ -117,12 +119,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          "qwen2.5-coder-1.5b qwen2.5-coder-1.5b@q4_0`")
     if args.texts < 0 or args.ar_tokens < 0:
         raise ModelError(f"--texts and --ar-tokens must be >= 0, got {args.texts} and {args.ar_tokens}")
-    if args.threads is not None and args.threads < 1:
-        raise ModelError(f"--threads must be >= 1, got {args.threads}")
+    if args.n_threads is not None and args.n_threads < 1:
+        raise ModelError(f"--threads must be >= 1, got {args.n_threads}")
     if not 1 <= args.k_max <= 64:
         raise ModelError(f"--k-max must be in [1, 64], got {args.k_max}")
     progress = None if args.quiet else (lambda msg: print(f"[compare] {msg}", file=sys.stderr, flush=True))
-    result = compare_models(*args.models, texts=args.texts, n_threads=args.threads,
+    result = compare_models(*args.models, texts=args.texts, n_threads=args.n_threads,
                             ks=range(1, args.k_max + 1), ar_tokens=args.ar_tokens,
                             quality=not args.no_quality, progress=progress)
     if args.json:
@@ -174,11 +176,11 @@ def add_models_parser(subparsers: Any) -> None:
                        help="two or more registered names, NAME@QUANT variants or GGUF paths")
     p_cmp.add_argument("--texts", type=int, default=8, metavar="N",
                        help="HumanEval problems added to the perplexity text set (default 8)")
-    p_cmp.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    add_options(p_cmp, LoadConfig, "models", skip=("target", "draft", "n_ctx"))
     p_cmp.add_argument("--k-max", type=int, default=16, help="largest block size timed (default 16)")
     p_cmp.add_argument("--ar-tokens", type=int, default=64, help="tokens per plain-decoding run (default 64)")
     p_cmp.add_argument("--no-quality", action="store_true",
                        help="skip perplexity and agreement (rerun timings on a quiet machine)")
-    p_cmp.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_json_option(p_cmp)
     p_cmp.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p_cmp.set_defaults(func=cmd_compare)

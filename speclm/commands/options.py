@@ -1,45 +1,100 @@
-"""Command-line options shared by `speclm generate`, `bench` and `serve`:
-generated from SpecConfig's declared options, so each flag, default and help
-line is written once (speclm.speculative.config). The three command modules
+"""Command-line flags generated from the declared settings (speclm/options.py):
+each flag, default and help line is written once, on its dataclass field, and
+every command that uses a setting shows the same flag. The command modules
 import from here; nothing here imports them."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ..errors import InvalidRequestError
+from ..options import Option, options_of
 from ..speculative.config import SpecConfig, spec_options
 from ..speculative.methods import get_method
-
-SPECULATOR_FLAGS = ("--speculator-threads", "--speculator-cores", "--speculator-addr", "--speculator-timeout")
-
-
-def _kernels(text: str) -> str:
-    from ..backends.kernels import check_request
-    try:
-        return check_request(text)
-    except InvalidRequestError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+from ..speculative.ssd.client import SpeculatorConfig
 
 
-def add_kernels_option(p: argparse.ArgumentParser) -> None:
-    """--kernels: the llama.cpp kernels every model of the command loads with."""
-    p.add_argument("--kernels", type=_kernels, default=None, metavar="auto|amx|repack|plain",
-                   help="llama.cpp kernels: auto (default; $SPECLM_KERNELS overrides) proves each configuration "
-                        "on this machine in a child process once and takes the fastest that works; a family "
-                        "(amx, repack, plain) or a configuration (e.g. repack+tiled) forces it "
-                        "(`speclm doctor` shows the verdicts)")
+def _checked(kind: Callable[[str], Any], flag: str) -> Callable[[str], Any]:
+    """kind as an argparse type: a builtin type as is (argparse's own message on a bad
+    value), a parsing function with its own refusal as the usage error's message."""
+    if kind in (int, float, str):
+        return kind
+
+    def parse(text: str) -> Any:
+        try:
+            return kind(text)
+        except InvalidRequestError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
 
 
-def kernels_for(spec: SpecConfig) -> str:
-    """What auto kernels should be fastest at for a command whose default method is spec's."""
-    return "decoding" if get_method(spec.method).proposal is None else "speculation"
+def _csv(kind: Callable[[str], Any], flag: str) -> Callable[[str], list]:
+    one = _checked(kind, flag)
+
+    def parse(text: str) -> list:
+        items = [one(x.strip()) for x in text.split(",") if x.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{flag} needs at least one value")
+        return items
+    return parse
 
 
+def _shown(default: Any) -> str:
+    """ (default X) for a help line; nothing for an empty default."""
+    if default in (None, False, (), []):
+        return ""
+    return f" (default {','.join(map(str, default)) if isinstance(default, (list, tuple)) else default})"
+
+
+def add_option(group, opt: Option) -> None:
+    """One declared setting as a flag (dest: Option.dest)."""
+    metavar = opt.metavar or (None if opt.choices else opt.flag.lstrip("-").upper().replace("-", "_"))
+    if opt.kind is bool:
+        group.add_argument(opt.flag, dest=opt.dest, action="store_true", help=opt.help)
+    elif opt.many == "repeat":
+        group.add_argument(opt.flag, dest=opt.dest, action="append", type=_checked(opt.kind, opt.flag),
+                           default=None, metavar=metavar, help=opt.help + _shown(opt.default))
+    elif opt.many == "csv":
+        group.add_argument(opt.flag, dest=opt.dest, type=_csv(opt.kind, opt.flag), default=None,
+                           metavar=metavar, help=opt.help + _shown(opt.default))
+    else:
+        group.add_argument(opt.flag, dest=opt.dest, type=_checked(opt.kind, opt.flag), default=opt.default,
+                           choices=opt.choices, metavar=metavar, help=opt.help + _shown(opt.default))
+
+
+def add_options(p: argparse.ArgumentParser, cls: type, title: str | None = None,
+                skip: Iterable[str] = ()) -> None:
+    """A flag for every declared option of dataclass `cls` (but the fields in `skip`)."""
+    group = p.add_argument_group(title) if title else p
+    for opt in options_of(cls):
+        if opt.cli and opt.name not in skip:
+            add_option(group, opt)
+
+
+def values(args: argparse.Namespace, cls: type, section: str | None = None) -> dict[str, Any]:
+    """{field: value} of `cls`'s options that the parsed flags hold (a repeatable or
+    comma-separated flag never given keeps its declared default)."""
+    out = {}
+    for opt in options_of(cls, section):
+        if hasattr(args, opt.dest):
+            value = getattr(args, opt.dest)
+            out[opt.name] = opt.default if value is None and opt.many else value
+    return out
+
+
+def build(args: argparse.Namespace, cls: type, **extra: Any) -> Any:
+    """cls from the parsed flags (and `extra` fields); validated by cls itself."""
+    return cls(**{**values(args, cls), **extra})
+
+
+# ---- speculation ------------------------------------------------------------------
 def add_spec_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """Add a flag for every declared SpecConfig option (except the field names in
+    """A flag for every declared SpecConfig option (except the field names in
     `skip`), method sections in their own group, plus the speculator's placement."""
-    groups: dict[str | None, argparse._ArgumentGroup] = {None: p.add_argument_group("speculation")}
+    groups: dict[str | None, Any] = {None: p.add_argument_group("speculation")}
     dests = []
     for opt in spec_options():
         if not opt.cli or opt.name in skip:
@@ -47,52 +102,55 @@ def add_spec_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> 
         dests.append(opt.dest)
         if opt.section not in groups:
             groups[opt.section] = p.add_argument_group(f"{opt.section.upper()} (method {opt.section})")
-        default = f" (default {opt.default})" if opt.default is not None else ""
-        if opt.kind is bool:
-            groups[opt.section].add_argument(opt.flag, dest=opt.dest, action="store_true", help=opt.help)
-            continue
-        groups[opt.section].add_argument(opt.flag, dest=opt.dest, type=opt.kind, default=opt.default,
-                                         choices=opt.choices, help=opt.help + default)
+        add_option(groups[opt.section], opt)
     p.set_defaults(spec_dests=tuple(dests))  # what spec_from_args reads back
-    s = groups.setdefault("ssd", p.add_argument_group("SSD (method ssd)"))
-    s.add_argument("--speculator-threads", type=int, default=1, help="draft threads in the speculator (default 1)")
-    s.add_argument("--speculator-cores", default=None, help="pin the speculator to these cores, e.g. 1 or 2,3")
-    s.add_argument("--speculator-addr", default=None,
-                   help="use a running `speclm speculator` at this ZeroMQ address instead of spawning one")
-    s.add_argument("--speculator-timeout", type=float, default=10.0,
-                   help="seconds to wait for a block before finishing on the synchronous path (default 10)")
+    speculator = groups.setdefault("ssd", p.add_argument_group("SSD (method ssd)"))
+    for opt in options_of(SpeculatorConfig):
+        add_option(speculator, opt)
 
 
 def spec_from_args(args: argparse.Namespace) -> SpecConfig:
     """The SpecConfig the flags describe (flags a command lacks keep their defaults); validated."""
     dests = set(getattr(args, "spec_dests", ()))
-    values = {opt.name: getattr(args, opt.dest) for opt in spec_options() if opt.dest in dests}
-    return SpecConfig().with_options(**values)
+    return SpecConfig().with_options(**{opt.name: getattr(args, opt.dest) for opt in spec_options()
+                                        if opt.dest in dests})
 
 
-def wants_draft(spec: SpecConfig) -> bool:
-    """Whether `spec` drafts with the draft model when one is available (CLIs load
-    the default draft for the default target only when it does)."""
-    return get_method(spec.method).needs_draft(spec, has_draft=True)
+def speculator_config(args: argparse.Namespace) -> SpeculatorConfig:
+    """The SSD speculator's placement from its flags."""
+    return build(args, SpeculatorConfig)
+
+
+def kernels_for(spec: SpecConfig) -> str:
+    """What auto kernels should be fastest at for a command whose default method is spec's."""
+    return "speculation" if get_method(spec.method).uses_k else "decoding"
+
+
+def open_llm(args: argparse.Namespace, spec: SpecConfig, **kw: Any):
+    """The LLM the model flags (LoadConfig) describe, its kernels chosen for spec's
+    method, the speculator placed by its flags; `kw`: more LLM arguments."""
+    from ..api import LLM
+    from ..backends.load import LoadConfig
+    load = build(args, LoadConfig)
+    return LLM(target=load.target, draft=draft_for(args, spec), n_ctx=load.n_ctx, n_threads=load.n_threads,
+               kernels=load.kernels, kernels_for=kernels_for(spec), speculator=speculator_config(args), **kw)
 
 
 def draft_for(args: argparse.Namespace, spec: SpecConfig) -> str | None:
-    """The --draft to load: as given, else the default draft for the default target if `spec` wants one."""
-    if args.draft is not None or args.target is not None or not wants_draft(spec):
+    """The draft model to load: --draft as given, else the default target's default
+    draft when `spec` drafts with a model (models/registry.py: default_draft)."""
+    from ..models.registry import default_draft
+    if args.draft is not None:
         return args.draft
-    from ..models.registry import DEFAULT_DRAFT
-    return DEFAULT_DRAFT
+    return default_draft(args.target) if get_method(spec.method).needs_draft(spec, has_draft=True) else None
 
 
-def speculator_config(args: argparse.Namespace):
-    """The SSD speculator's placement from --speculator-* flags."""
-    from ..speculative.ssd.client import SpeculatorConfig
-    try:
-        cores = tuple(int(c) for c in args.speculator_cores.split(",")) if args.speculator_cores else None
-    except ValueError:
-        raise InvalidRequestError(f"--speculator-cores takes core numbers like 1 or 2,3, "
-                                  f"got {args.speculator_cores!r}") from None
-    if args.speculator_threads < 1 or args.speculator_timeout <= 0:
-        raise InvalidRequestError("--speculator-threads must be >= 1 and --speculator-timeout > 0")
-    return SpeculatorConfig(threads=args.speculator_threads, cores=cores, addr=args.speculator_addr,
-                            timeout_s=args.speculator_timeout)
+def add_kernels_option(p: argparse.ArgumentParser) -> None:
+    """--kernels alone (LoadConfig's declaration), for commands that load models their own way."""
+    from ..backends.load import LoadConfig
+    add_option(p, next(o for o in options_of(LoadConfig) if o.name == "kernels"))
+
+
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    """--json: the command prints one JSON object instead of its text."""
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

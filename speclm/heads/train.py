@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InvalidRequestError
+from ..options import option
 from .file import output_matrix, save_heads
 from .model import Adam, MedusaHeads
 
@@ -197,15 +199,23 @@ def evaluate(heads: MedusaHeads, windows: list[Window], limit: int = 2000) -> li
 
 @dataclass
 class TrainConfig:
-    n_heads: int = 3
-    vocab: int = 8192
-    tokens: int = 30_000
-    minutes: float = 20.0
+    """How Medusa heads are trained (`speclm heads train`'s flags are generated from these fields)."""
+
+    n_heads: int = option(3, "number of heads K, 1..4", flag="--heads")
+    vocab: int = option(8192, "tokens the heads can draft, V'")
+    tokens: int = option(30_000, "training tokens to score")
+    minutes: float = option(20.0, "time bound, collection and training")
     window: int = 256
     batch: int = 64
-    lr: float = 1e-3
-    epochs: int = 3
+    lr: float = option(1e-3, "learning rate")
+    epochs: int = option(3, "passes over the collected data")
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.n_heads <= 4:
+            raise InvalidRequestError(f"--heads must be in 1..4, got {self.n_heads}")
+        if self.vocab < 16 or self.tokens < 64 or self.minutes <= 0 or self.epochs < 1 or self.lr <= 0:
+            raise InvalidRequestError("--vocab >= 16, --tokens >= 64, --minutes > 0, --epochs >= 1 and --lr > 0")
 
 
 def train(backend, gguf_path: Path, target_sha: str, out_path: Path, work: WorkDir, cfg: TrainConfig,

@@ -74,3 +74,12 @@ REGISTRY: dict[str, ModelSpec] = {
 
 DEFAULT_TARGET: str = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT: str = "qwen2.5-coder-0.5b"
+
+
+def default_draft(target: str | None) -> str | None:
+    """The draft model a method that drafts with one gets when none is named: the
+    default draft for the default target and its NAME@QUANT variants (same
+    tokenizer); None for any other target (the user must name one)."""
+    if target is None or target == DEFAULT_TARGET or target.startswith(DEFAULT_TARGET + "@"):
+        return DEFAULT_DRAFT
+    return None

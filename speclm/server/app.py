@@ -45,44 +45,14 @@ from ..backends.base import Backend
 from ..engine import Engine, RequestHandle
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
+from ..speculative.loop import context_problem
 from ..speculative.methods import get_method
+from .config import ServerConfig
 from .gate import Gate, tenant_of
 from .prom import RequestMetrics, ServerMetrics
 from .tenants import Tenants
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamError, Usage, _GenerationRequest,
                       api_error, chunk_body, printable, quoted, response_body, validation_error)
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Server settings. The LLM must hold >= max_concurrency KV sequences
-    (LLM(max_sequences=...)). default_spec None: SpecConfig() (method auto)."""
-
-    model_id: str | None = None  # None: the target file's stem
-    max_tokens_limit: int = 4096
-    max_concurrency: int = 4
-    max_queue: int = 64
-    api_key: str | None = None
-    max_body_bytes: int = 1 << 20
-    request_timeout_s: float = 300.0
-    default_spec: SpecConfig | None = None
-    body_timeout_s: float = 30.0
-    api_keys: tuple[str, ...] = ()  # more keys, one tenant each (api_key is one more)
-    share_cache: bool = False  # every tenant drafts from one suffix cache (a timing side channel)
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        """Every accepted API key."""
-        return tuple(dict.fromkeys(((self.api_key,) if self.api_key else ()) + tuple(self.api_keys)))
-
-    def __post_init__(self) -> None:
-        if any(not isinstance(k, str) or not k.strip() or k != k.strip() for k in self.keys):
-            raise InvalidRequestError("API keys must be non-empty text without surrounding spaces")
-        for name in ("max_tokens_limit", "max_concurrency", "max_body_bytes"):
-            if getattr(self, name) < 1:
-                raise InvalidRequestError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.max_queue < 0 or not self.request_timeout_s > 0 or not self.body_timeout_s > 0:
-            raise InvalidRequestError("max_queue must be >= 0, request_timeout_s and body_timeout_s > 0")
 
 
 def _sse(obj: dict | str) -> str:
@@ -122,7 +92,7 @@ class ServerState:
             self.draft: Backend | None = llm.draft  # loaded now: fail fast, and no lazy-load race
         except InvalidRequestError:  # no draft model configured
             self.draft = None
-        self.spec = config.default_spec or SpecConfig()
+        self.spec = config.spec
         if get_method(self.spec.method).needs_draft(self.spec, has_draft=self.draft is not None) \
                 and self.draft is None:
             raise InvalidRequestError(f"the default method {self.spec.method} needs a draft model (--draft)")
@@ -160,16 +130,14 @@ class ServerState:
         spec = replace(req.spec(self.spec, has_draft=self.draft is not None),
                        cache_scope=self.tenants.scope_of(tenant))
         req.sampling(1)  # validate the sampling fields before paying for tokenization
-        ids, n_ctx, param = req.prompt_ids(self.llm), self.llm.target.n_ctx, req.prompt_param
-        if len(ids) >= n_ctx:
-            raise ParamError(f"the prompt is {len(ids)} tokens but the context holds {n_ctx}: "
-                             "shorten the prompt", param)
+        ids, n_ctx = req.prompt_ids(self.llm), self.llm.target.n_ctx
+        if problem := context_problem(n_ctx, len(ids), asked, "max_tokens"):
+            message, culprit = problem
+            if culprit == "prompt":
+                raise ParamError(f"{message}: shorten the prompt", req.prompt_param)
+            raise ParamError(f"{message}: lower max_tokens or shorten the prompt", "max_tokens")
         if asked is None:
             asked = min(req.default_max_tokens or limit, limit, n_ctx - len(ids))
-        elif len(ids) + asked > n_ctx:
-            raise ParamError(f"the context holds {n_ctx} tokens; the prompt is {len(ids)} tokens and "
-                             f"max_tokens asks for {asked} more: lower max_tokens or shorten the prompt",
-                             "max_tokens")
         return self.engine.submit(ids, req.sampling(asked), spec)
 
     async def serve(self, req: _GenerationRequest, request: Request) -> Response:

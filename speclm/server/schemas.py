@@ -19,6 +19,7 @@ from ..api import SpecConfig
 from ..engine import EngineFullError
 from ..errors import BackendError, InvalidRequestError, SpeclmError
 from ..metrics import GenerationResult
+from ..options import options_of
 from ..sampling import SamplingParams
 from ..speculative.config import spec_options
 from ..speculative.methods import get_method
@@ -115,30 +116,43 @@ def _speculative_options() -> type[BaseModel]:
 
 SpeculativeOptions = _speculative_options()
 
+OPENAI_DEFAULTS = {"temperature": 1.0}  # where a request's default is OpenAI's, not the library's
+OPENAI_RANGES = {"temperature": (0.0, 2.0)}
+
+
+def _sampling_fields() -> dict[str, Any]:
+    """One optional request field per SamplingParams option declared `request`,
+    under its request name (max_new_tokens is max_tokens, as OpenAI spells it)."""
+    fields: dict[str, Any] = {}
+    for o in options_of(SamplingParams):
+        if o.request is None:
+            continue
+        if o.kind is bool:
+            fields[o.request] = (bool, False)
+        elif o.many:
+            fields[o.request] = (o.kind | list[o.kind] | None, None)
+        else:
+            low, high = OPENAI_RANGES.get(o.name, (None, None))
+            fields[o.request] = (o.kind | None, Field(None, ge=low, le=high))
+    return fields
+
 
 class StreamOptions(BaseModel):
     model_config = _REQUEST
     include_usage: bool = False
 
 
-class _GenerationRequest(BaseModel):
-    """Fields shared by /v1/completions and /v1/chat/completions."""
+class _RequestBase(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions, beside the
+    sampling fields generated from SamplingParams (`_GenerationRequest`)."""
 
     model_config = _REQUEST
     prompt_param: ClassVar[str] = "prompt"  # the field a too-long prompt is blamed on
     default_max_tokens: ClassVar[int | None] = 16  # OpenAI's; None: as many as fit
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)  # OpenAI's range; default 1
-    top_p: float | None = None
-    top_k: int | None = None  # extension
-    min_p: float | None = None  # extension
-    stop: str | list[str] | None = None
-    seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
-    ignore_eos: bool = False  # extension (benchmarks)
     speculative: SpeculativeOptions | None = None
 
     def unsupported(self) -> None:
@@ -172,13 +186,15 @@ class _GenerationRequest(BaseModel):
         raise NotImplementedError
 
     def sampling(self, max_tokens: int) -> SamplingParams:
-        """The request's SamplingParams (validated there: InvalidRequestError)."""
-        return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_k=0 if self.top_k is None else self.top_k,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            min_p=0.0 if self.min_p is None else self.min_p,
-            seed=self.seed, max_new_tokens=max_tokens, stop=self.stop, ignore_eos=self.ignore_eos)
+        """The request's SamplingParams (validated there: InvalidRequestError); a field
+        the request leaves out takes OpenAI's default where it has one, else the library's."""
+        given = {o.name: getattr(self, o.request) for o in options_of(SamplingParams) if o.request is not None}
+        values = {name: OPENAI_DEFAULTS.get(name) if value is None else value for name, value in given.items()}
+        values = {name: value for name, value in values.items() if value is not None}
+        return SamplingParams(**{**values, "max_new_tokens": max_tokens})
+
+
+_GenerationRequest = create_model("_GenerationRequest", __base__=_RequestBase, **_sampling_fields())
 
 
 class CompletionRequest(_GenerationRequest):

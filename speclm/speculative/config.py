@@ -38,11 +38,12 @@ class SpecConfig:
                          choices=method_names, request=True)
     k: int | None = option(None, "draft tokens per round (for auto/heuristic: the maximum; "
                            "default: the method's, 16 for auto and sd-suffix, else 4)", kind=int, request=True)
-    proposer: str | None = option(None, "what auto/heuristic draft with (default: the draft model if any, "
-                                  "else n-gram)", choices=selectable_proposals)
-    p_min: float = option(0.0, "draft model: stop drafting when its top-1 probability falls below this")
-    ngram_min: int = option(2, "prompt lookup: shortest n-gram matched", request=True)
-    ngram_max: int = option(4, "prompt lookup: longest n-gram matched", request=True)
+    proposer: str | None = option(None, "what auto/heuristic draft with (default: auto suffix decoding; "
+                                  "heuristic the draft model, n-gram without one)", choices=selectable_proposals)
+    p_min: float = option(0.0, "draft model: stop drafting when its top-1 probability falls below this",
+                          reads=("draft", "ssd"))
+    ngram_min: int = option(2, "prompt lookup: shortest n-gram matched", request=True, reads=("ngram",))
+    ngram_max: int = option(4, "prompt lookup: longest n-gram matched", request=True, reads=("ngram",))
     target_threads: int | None = option(None, "target threads for this request (default: the LLM's; "
                                         "ssd: --threads minus the speculator's)", kind=int)
     ssd: SSDOptions = dataclasses.field(default_factory=SSDOptions)
@@ -66,9 +67,22 @@ class SpecConfig:
         if self.target_threads is not None and (not is_int(self.target_threads) or self.target_threads < 1):
             raise InvalidRequestError(f"target_threads must be an integer >= 1, got {self.target_threads!r}")
         for section, cls in SECTIONS.items():
-            if not isinstance(getattr(self, section), cls):
+            if not isinstance(getattr(self, section, cls()), cls):
                 raise InvalidRequestError(f"{section} must be a {cls.__name__}, got "
                                           f"{type(getattr(self, section)).__name__}")
+
+    def unused_settings(self, proposal: str | None) -> list[str]:
+        """The options set away from their defaults that a request drafting with
+        `proposal` (None: plain decoding) never reads: each is a mistake to report."""
+        out = []
+        for opt in spec_options():
+            holder = self if opt.section is None else getattr(self, opt.section, None)
+            value = getattr(holder, opt.name, opt.default)
+            if opt.reads is not None and proposal not in opt.reads and value != opt.default:
+                out.append(opt.flag.lstrip("-").replace("-", "_") if opt.section else opt.name)
+        if self.proposer is not None and not get_method(self.method).adaptive:
+            out.append("proposer")
+        return out
 
     @property
     def effective_k(self) -> int:
@@ -89,8 +103,10 @@ class SpecConfig:
 
 
 def spec_options() -> list[Option]:
-    """Every declared option of SpecConfig and of its method sections."""
+    """Every declared option of SpecConfig and of its method sections (a section's
+    options are read by its own proposal alone, unless they say otherwise)."""
     out = list(options_of(SpecConfig))
     for section, cls in SECTIONS.items():
-        out.extend(options_of(cls, section))
+        out.extend(o if o.reads is not None else dataclasses.replace(o, reads=(section,))
+                   for o in options_of(cls, section))
     return out

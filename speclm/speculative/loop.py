@@ -287,6 +287,19 @@ class Generation:
             cached_prompt_tokens=self.cached_tokens)
 
 
+def context_problem(n_ctx: int, prompt_tokens: int, max_new_tokens: int | None = None,
+                    name: str = "max_new_tokens") -> tuple[str, str] | None:
+    """Why a prompt (with up to max_new_tokens more) does not fit a context of n_ctx
+    tokens, and what to change ("prompt" or `name`, the caller's word for
+    max_new_tokens); None when it fits. Every surface checks the fit here."""
+    if prompt_tokens >= n_ctx:
+        return f"the prompt is {prompt_tokens} tokens but the context holds {n_ctx}", "prompt"
+    if max_new_tokens is not None and prompt_tokens + max_new_tokens > n_ctx:
+        return (f"the context holds {n_ctx} tokens; the prompt is {prompt_tokens} tokens and {name} asks for "
+                f"{max_new_tokens} more", name)
+    return None
+
+
 def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:
     """Reject requests the loop cannot serve, with the fix in the message."""
     if not prompt_ids:
@@ -295,9 +308,7 @@ def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:
         if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= tok < target.vocab_size:
             raise InvalidRequestError(
                 f"prompt token ids must be integers in [0, {target.vocab_size}), got {tok!r} at position {i}")
-    if len(prompt_ids) >= target.n_ctx:
-        raise InvalidRequestError(
-            f"the prompt is {len(prompt_ids)} tokens but the context holds {target.n_ctx}: "
-            f"shorten the prompt or raise n_ctx (--n-ctx)")
+    if problem := context_problem(target.n_ctx, len(prompt_ids)):
+        raise InvalidRequestError(f"{problem[0]}: shorten the prompt or raise n_ctx (--n-ctx)")
     if not isinstance(k, int) or k < 0:
         raise InvalidRequestError(f"K (draft length) must be an integer >= 0, got {k!r}")

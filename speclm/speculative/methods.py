@@ -69,11 +69,14 @@ class Proposal:
 def _ssd_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
     from .ssd.client import SSDProposer
     return SSDProposer(llm.speculator().open, spec.ssd, k=spec.k,
-                       fallback=lambda: DraftModelProposer(llm.draft), name=f"ssd:{llm.draft.name}")
+                       fallback=lambda: DraftModelProposer(llm.draft, p_min=spec.p_min), name=f"ssd:{llm.draft.name}")
 
 
 def _medusa_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
     heads, learner = llm.medusa_heads(spec)
+    if spec.k > heads.n_heads:
+        raise InvalidRequestError(f"method medusa drafts at most {heads.n_heads} tokens a round (its heads file "
+                                  f"has {heads.n_heads} heads), got k={spec.k}: pass k <= {heads.n_heads}")
     return MedusaProposer(heads, learner)
 
 

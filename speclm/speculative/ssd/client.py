@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from ...errors import BackendError
+from ...errors import BackendError, InvalidRequestError
+from ...options import option
 from ...sampling import SamplingParams
 from ..proposers.base import Draft, Proposer
 from .options import SSDOptions
@@ -53,6 +54,17 @@ class SessionFailed(SpeculatorLost):
     """The speculator answered this request's block with an error: only this request is affected."""
 
 
+def core_list(text: str) -> tuple[int, ...]:
+    """CPU core numbers from "1" or "2,3"."""
+    try:
+        cores = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise InvalidRequestError(f"--speculator-cores takes core numbers like 1 or 2,3, got {text!r}") from None
+    if any(c < 0 for c in cores):
+        raise InvalidRequestError(f"core numbers are >= 0, got {text!r}")
+    return cores
+
+
 @dataclass(frozen=True)
 class SpeculatorConfig:
     """Where and how the speculator runs.
@@ -68,10 +80,13 @@ class SpeculatorConfig:
     max_restarts such failures in a row SSD requests stay synchronous.
     """
 
-    threads: int | None = 1
-    cores: tuple[int, ...] | None = None
-    addr: str | None = None
-    timeout_s: float = 10.0
+    threads: int | None = option(1, "draft threads in the speculator", kind=int, flag="--speculator-threads")
+    cores: tuple[int, ...] | None = option(None, "pin the speculator to these cores, e.g. 1 or 2,3",
+                                           kind=core_list, flag="--speculator-cores", metavar="CORES")
+    addr: str | None = option(None, "use a running `speclm speculator` at this ZeroMQ address instead of "
+                              "spawning one", flag="--speculator-addr")
+    timeout_s: float = option(10.0, "seconds to wait for a block before finishing on the synchronous path",
+                              flag="--speculator-timeout")
     start_timeout_s: float = 120.0
     max_sequences: int | None = None
     sessions: int | None = None
@@ -80,6 +95,15 @@ class SpeculatorConfig:
     max_restarts: int = 5
     restart_backoff_s: float = 1.0
     stable_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                                         or self.threads < 1):
+            raise InvalidRequestError(f"the speculator's threads must be an integer >= 1 (--speculator-threads), "
+                                      f"got {self.threads!r}")
+        if not self.timeout_s > 0:
+            raise InvalidRequestError(f"the speculator's timeout must be > 0 s (--speculator-timeout), "
+                                      f"got {self.timeout_s!r}")
 
     def sized(self, n_ctx: int | None = None, sessions: int | None = None) -> SpeculatorConfig:
         """This config for an LLM of n_ctx tokens serving `sessions` requests at once

@@ -1,0 +1,68 @@
+"""`speclm generate`: one prompt, speculatively, with the metrics table (and,
+with --compare-ar, plain decoding on the same prompt: speedup and identity)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..backends.load import LoadConfig
+from ..sampling import SamplingParams
+from .options import add_json_option, add_options, add_spec_options, build, open_llm, spec_from_args
+
+
+def add_generate_parser(sub) -> None:
+    g = sub.add_parser("generate", help="generate text, speculatively",
+                       description="Generate a continuation of PROMPT and print speculative metrics.")
+    g.add_argument("prompt", metavar="PROMPT", help="the prompt text ('-' reads standard input)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--compare-ar", action="store_true",
+                   help="also run plain decoding on the same prompt: speedup and identity")
+    add_json_option(g)
+    add_options(g, LoadConfig, "models")
+    add_options(g, SamplingParams, "sampling")
+    add_spec_options(g)
+    g.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ..api import SpecConfig
+    from ..speculative.identity import compare_greedy
+    from .stats import print_stats
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    params = build(args, SamplingParams)
+    spec = spec_from_args(args)
+    with open_llm(args, spec) as llm:
+        if args.draft is not None:
+            llm.draft  # a --draft given is checked now, even where the method drafts without it
+        prompt_ids = llm.encode(prompt, chat=args.chat)
+        llm.warmup(spec)
+        kernels = llm.target.kernel_choice
+        stream = None if args.json else _stdout_stream
+        result = llm.generate(prompt_ids, params, spec, on_text=stream)
+        if not args.json:
+            print(flush=True)
+        ar = identity = None
+        if args.compare_ar and spec.method != "ar":
+            ar = llm.generate(prompt_ids, params, SpecConfig(method="ar"))
+            if params.greedy:
+                identity = compare_greedy(llm.target, prompt_ids, ar.token_ids, result.token_ids)
+    if args.json:
+        out = result.to_dict()
+        out["kernels"] = kernels.to_dict() if kernels is not None else None
+        if ar is not None:
+            out["ar"] = {"text": ar.text, "token_ids": ar.token_ids, "metrics": ar.summary.to_dict()}
+            out["speedup"] = ar.summary.wall_ms / result.summary.wall_ms
+            out["identical"] = identity.identical if identity else ar.token_ids == result.token_ids
+            out["identity"] = identity.to_dict() if identity else None
+        print(json.dumps(out))
+    else:
+        print_stats(result, ar, identity, kernels)
+    return 0
+
+
+def _stdout_stream(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()

@@ -1,0 +1,90 @@
+"""The server's settings, declared once (speclm/options.py): `speclm serve`'s flags
+are generated from these fields. ServerConfig is what the app enforces;
+ListenConfig is where and how the HTTP server listens."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from ..errors import InvalidRequestError
+from ..options import option
+from ..prefix_cache import PREFIX_CACHE_TOKENS
+from ..speculative.config import SpecConfig
+from .tenants import split_keys
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Server settings. The LLM must hold >= max_concurrency KV sequences
+    (LLM(max_sequences=...)). default_spec None: SpecConfig() (method auto)."""
+
+    model_id: str | None = option(None, "the id clients pass as `model` (default: the target's name)")
+    max_tokens_limit: int = option(4096, "largest max_tokens accepted")
+    max_concurrency: int = option(4, "requests generating at once")
+    max_queue: int = option(64, "requests waiting beyond that (then 429)")
+    api_key: str | None = None  # one more key (the Python API's shorthand)
+    max_body_bytes: int = option(1 << 20, "request body limit (413 beyond)")
+    request_timeout_s: float = option(300.0, "seconds before a request is cancelled (504)",
+                                      flag="--request-timeout")
+    default_spec: SpecConfig | None = None
+    body_timeout_s: float = option(30.0, "seconds a client has to send its request body (408 beyond, and the "
+                                   "connection closes)", flag="--body-timeout")
+    api_keys: tuple[str, ...] = option(
+        (), "require `Authorization: Bearer KEY`; repeat it for several tenants (each key drafts only from its "
+        "own outputs); prefer SPECLM_API_KEY=KEY[,KEY...] in the environment: a flag is visible to every local "
+        "user in `ps` (default: $SPECLM_API_KEY, else none)", flag="--api-key", many="repeat")
+    share_cache: bool = option(False, "let every API key draft from one suffix cache and reuse one prompt KV "
+                               "cache (faster for related tenants, but acceptance timing and time to first "
+                               "token then leak one tenant's outputs and prompts to another)",
+                               flag="--share-suffix-cache")
+    prefix_cache_tokens: int = option(
+        PREFIX_CACHE_TOKENS, "keep finished requests' KV (prompt and output, host memory) up to N tokens in all, "
+        "so a prompt that starts like an earlier one of the same API key prefills only the rest (~28 KB a token "
+        "on the default target; 0: off)", metavar="N")
+
+    @property
+    def spec(self) -> SpecConfig:
+        """How requests that do not say otherwise speculate (SpecConfig's own default: auto)."""
+        return self.default_spec or SpecConfig()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every accepted API key."""
+        return tuple(dict.fromkeys(((self.api_key,) if self.api_key else ()) + tuple(self.api_keys)))
+
+    def with_env_keys(self) -> ServerConfig:
+        """This config, with $SPECLM_API_KEY's keys when none were given."""
+        if self.keys:
+            return self
+        return dataclasses.replace(self, api_keys=tuple(split_keys(os.environ.get("SPECLM_API_KEY"))))
+
+    def __post_init__(self) -> None:
+        if any(not isinstance(k, str) or not k.strip() or k != k.strip() for k in self.keys):
+            raise InvalidRequestError("API keys must be non-empty text without surrounding spaces")
+        for name in ("max_tokens_limit", "max_concurrency", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_queue < 0 or not self.request_timeout_s > 0 or not self.body_timeout_s > 0:
+            raise InvalidRequestError("max_queue must be >= 0, request_timeout_s and body_timeout_s > 0")
+
+
+@dataclass(frozen=True)
+class ListenConfig:
+    """Where the server listens and how it treats connections (uvicorn's settings)."""
+
+    host: str = option("127.0.0.1", "bind address (127.0.0.1: local only)")
+    port: int = option(8000, "TCP port")
+    max_connections: int | None = option(None, "open connections at most; uvicorn answers 503 beyond "
+                                         "(default: max-concurrency + max-queue + 32)", kind=int)
+    keep_alive_timeout: float = option(5.0, "seconds an idle keep-alive connection stays open")
+    log_level: str = option("info", "uvicorn's log level",
+                            choices=("critical", "error", "warning", "info", "debug"))
+
+    def __post_init__(self) -> None:
+        if self.max_connections is not None and self.max_connections < 1 or not self.keep_alive_timeout > 0:
+            raise InvalidRequestError("--max-connections must be >= 1 and --keep-alive-timeout > 0")
+
+    def connection_cap(self, server: ServerConfig) -> int:
+        return self.max_connections or server.max_concurrency + server.max_queue + 32
