@@ -1,4 +1,4 @@
-"""Per-round trace and the metric definitions of the design note (§2).
+"""Per-round trace and the metric definitions of docs/design.md#metrics.
 
 One definition each, used by the CLI, the API, bench and the server:
 - acceptance rate            = Σ a_r / Σ K_r

@@ -1,7 +1,7 @@
 """Requantised variants of the registered models ("verify-friendly targets").
 
 On a CPU the cost of scoring a block of k tokens depends on the weights'
-quantisation type (design note §6): Q4_0 has kernels that stay efficient for
+quantisation type (docs/results.md#machines): Q4_0 has kernels that stay efficient for
 small blocks, the shipped Q4_K_M does not. ``prepare_variant`` rewrites a
 verified registered model to another type with llama.cpp's own quantizer
 (``llama_model_quantize``) into ``cache_dir()/<name>@<quant>.gguf``.
@@ -12,7 +12,7 @@ variant, not against the model it was made from.
 ``--pure`` (``NAME@QUANT-pure``, e.g. ``qwen2.5-coder-1.5b@q4_0-pure``) also
 quantises the output head and the token embedding to QUANT; a plain
 requantisation leaves them at a higher type (Q6_K/Q8_0), which makes every
-extra verified row pay for the head through a slow kernel (design note §6).
+extra verified row pay for the head through a slow kernel (docs/kernels.md).
 The tag ``QUANT-pure`` is the variant's "quant" everywhere a name is parsed.
 
 Each prepared file is recorded in ``cache_dir()/variants.json`` (its size,

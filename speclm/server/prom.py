@@ -1,6 +1,6 @@
 """Prometheus metrics of one server app, on a private CollectorRegistry.
 
-Speculative metrics follow the design note (§2), accumulated over finished
+Speculative metrics follow docs/design.md#metrics, accumulated over finished
 requests per method:
 - acceptance rate          = Σ accepted / Σ drafted        (gauge, and the two counters)
 - mean acceptance length   = Σ (a_r + 1) / Σ rounds         (gauge, and the rounds counter)

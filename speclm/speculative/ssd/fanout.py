@@ -1,5 +1,5 @@
-"""SSD arithmetic (design note §3): which verification outcomes to pre-draft
-for, and Saguaro sampling. Pure functions over numbers and arrays.
+"""SSD arithmetic (docs/design.md, "SSD"): which verification outcomes to
+pre-draft for, and Saguaro sampling. Pure functions over numbers and arrays.
 
 An outcome of verifying a K-token block is (k, t*): k accepted tokens and the
 bonus token t*. With per-token acceptance α, P(k) = α^k (1 − α) for k < K and
