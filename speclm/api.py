@@ -106,6 +106,10 @@ class LLM:
         """Whether a draft model is configured (it loads on first use)."""
         return self._draft_spec is not None
 
+    @staticmethod
+    def _needs_draft(proposal: str | None) -> bool:
+        return proposal is not None and PROPOSALS[proposal].needs_draft
+
     def proposal_of(self, spec: SpecConfig) -> str | None:
         """The PROPOSALS key this request drafts with (None: plain decoding)."""
         return get_method(spec.method).proposal_for(spec, self.has_draft)
@@ -187,7 +191,7 @@ class LLM:
         """proposal_of(spec), refusing a method that needs a draft model this LLM lacks
         and settings the request's drafting would ignore."""
         proposal = self.proposal_of(spec)
-        if proposal is not None and PROPOSALS[proposal].needs_draft and not self.has_draft:
+        if self._needs_draft(proposal) and not self.has_draft:
             raise InvalidRequestError(f"method {spec.method} needs a draft model: pass draft=NAME|PATH (--draft)")
         if unused := spec.unused_settings(proposal):
             raise InvalidRequestError(
@@ -224,8 +228,7 @@ class LLM:
         Calibration holds backend_lock: it never runs alongside another thread's forwards."""
         with self._costs_lock:
             if proposal not in self._costs:
-                needs_draft = proposal is not None and PROPOSALS[proposal].needs_draft
-                draft = self.draft if needs_draft else None
+                draft = self.draft if self._needs_draft(proposal) else None
                 with self.backend_lock:
                     self._costs[proposal] = calibrate(self.target, draft, max_block=min(k, 16) + 1)
             return self._costs[proposal]
@@ -273,8 +276,7 @@ class LLM:
         """Run one tiny forward on each model a method uses, so the first timed
         request does not pay for page faults of a freshly mapped file."""
         proposal = self._proposal_checked(spec) if spec is not None else None
-        needs_draft = proposal is not None and PROPOSALS[proposal].needs_draft
-        backends = [self.target] + ([self.draft] if needs_draft else [])
+        backends = [self.target] + ([self.draft] if self._needs_draft(proposal) else [])
         for backend in backends:
             with self.backend_lock:
                 seq = backend.new_sequence()

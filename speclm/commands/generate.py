@@ -9,6 +9,7 @@ import sys
 
 from ..backends.load import LoadConfig
 from ..sampling import SamplingParams
+from ..speculative.methods import get_method
 from .options import add_json_option, add_options, add_spec_options, build, open_llm, spec_from_args
 
 
@@ -45,7 +46,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if not args.json:
             print(flush=True)
         ar = identity = None
-        if args.compare_ar and spec.method != "ar":
+        if args.compare_ar and not get_method(spec.method).baseline:
             ar = llm.generate(prompt_ids, params, SpecConfig(method="ar"))
             if params.greedy:
                 identity = compare_greedy(llm.target, prompt_ids, ar.token_ids, result.token_ids)

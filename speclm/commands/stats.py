@@ -7,6 +7,7 @@ from rich.table import Table
 
 from ..metrics import GenerationResult
 from ..speculative.identity import IdentityReport
+from ..speculative.methods import get_method
 
 
 def _fmt(value, spec: str = ".2f", missing: str = "-") -> str:
@@ -18,7 +19,7 @@ def stats_rows(result: GenerationResult, ar: GenerationResult | None,
     """kernels: the target's probe.KernelChoice (None: a backend without kernels to choose)."""
     s = result.summary
     rows = [
-        ("method", f"{result.method} (K={result.k})" if result.method != "ar" else "ar"),
+        ("method", "ar" if get_method(result.method).baseline else f"{result.method} (K={result.k})"),
         ("target (lossless against)", result.target),
     ]
     if kernels is not None:

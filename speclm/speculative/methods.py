@@ -56,12 +56,15 @@ class Proposal:
 
     needs_draft: it drafts with the draft model; estimates: its drafts carry a
     per-token acceptance estimate (a goodput controller then keeps the prefix that
-    pays); selectable: adaptive methods may draft with it (`SpecConfig.proposer`)."""
+    pays); outlives_request(spec): what it learns from a request stays for the
+    next ones (so a re-run replays, and tenants need scopes); selectable:
+    adaptive methods may draft with it (`SpecConfig.proposer`)."""
 
     name: str
     make: Callable[[LLM, SpecConfig], Proposer]
     needs_draft: bool = False
     estimates: bool = False
+    outlives_request: Callable[[SpecConfig], bool] = lambda spec: False
     selectable: bool = True
     description: str = ""
 
@@ -86,9 +89,9 @@ PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
     Proposal("ngram", lambda llm, spec: NgramProposer(spec.ngram_min, spec.ngram_max),
              description="prompt lookup: copy what followed the latest earlier n-gram match"),
     Proposal("suffix", lambda llm, spec: SuffixProposer(llm.suffix_cache(spec.cache_scope), spec.suffix),
-             estimates=True, description="suffix decoding: the longest match in this request and in the LLM's cache of "
+             estimates=True, outlives_request=lambda spec: True, description="suffix decoding: the longest match in this request and in the LLM's cache of "
                          "earlier verified outputs, per-token acceptance estimates"),
-    Proposal("medusa", _medusa_proposer,
+    Proposal("medusa", _medusa_proposer, outlives_request=lambda spec: spec.medusa.online,
              description="Medusa heads: head i drafts token i from the target's own hidden state"),
     Proposal("ssd", _ssd_proposer, needs_draft=True, selectable=False,
              description="the SSD speculator's pre-drafted blocks"),
@@ -146,6 +149,11 @@ class Method:
     def uses_k(self) -> bool:
         return self.proposal is not None
 
+    @property
+    def baseline(self) -> bool:
+        """Plain decoding: what every other method is measured against."""
+        return self.proposal is None
+
     def proposal_for(self, spec: SpecConfig, has_draft: bool) -> str | None:
         """The PROPOSALS key this request drafts with (None: plain decoding)."""
         if not self.adaptive:
@@ -157,6 +165,11 @@ class Method:
     def needs_draft(self, spec: SpecConfig, has_draft: bool = True) -> bool:
         kind = self.proposal_for(spec, has_draft)
         return kind is not None and PROPOSALS[kind].needs_draft
+
+    def outlives_request(self, spec: SpecConfig, has_draft: bool = True) -> bool:
+        """Whether a request's drafting teaches later requests (Proposal.outlives_request)."""
+        kind = self.proposal_for(spec, has_draft)
+        return kind is not None and PROPOSALS[kind].outlives_request(spec)
 
 
 METHODS: dict[str, Method] = {}
