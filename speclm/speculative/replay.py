@@ -1,0 +1,104 @@
+"""Replay a run's greedy outputs through a controller, without the model.
+
+A greedy run fixes what the target emits for every request, and suffix
+drafting is deterministic, so the rounds any controller would have run on that
+run can be replayed exactly: the ordinary loop and driver, the real suffix
+drafter with one cache filled in run order (as the LLM's is), the real
+controller with one calibration shared by every request (as the LLM's is),
+over a RecordedBackend that emits the recorded outputs. Each round is priced
+with the run's measured v(b) in units of v(1), so the result is the
+decode-only speedup the controller would have reached there, the same measure
+as the bench's copy ceiling (both are output tokens over Σ v(K + 1) / v(1)):
+the share of the ceiling's gain a controller keeps is
+(speedup − 1) / (ceiling − 1). docs/bench.md describes the command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..backends.recorded import RecordedBackend
+from ..costs import CostModel, cost_ratios
+from ..sampling import SamplingParams
+from .controller import Calibration, Controller, GoodputController
+from .proposers.suffix import SuffixProposer
+from .proposers.suffix_index import SuffixCache, SuffixConfig
+from .steps import generate
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One request of a greedy run: its prompt and what plain decoding emitted, in run order."""
+
+    category: str
+    prompt: list[int]
+    output: list[int]
+    max_new_tokens: int
+
+
+@dataclass
+class Replayed:
+    """What a controller would have done over one category's streams."""
+
+    category: str
+    tokens: int = 0  # output tokens
+    cost: float = 0.0  # Σ v(K + 1) / v(1) over the rounds
+    rounds: int = 0
+    verified: int = 0  # drafted tokens kept for verification
+    accepted: int = 0
+    ks: list[int] | None = None  # every round's verified K, in order (for tests)
+
+    @property
+    def speedup(self) -> float:
+        """Decode-only speedup over plain decoding (one v(1) a token)."""
+        return self.tokens / self.cost if self.cost else 1.0
+
+    def kept_share(self, ceiling: float) -> float | None:
+        """The share of the ceiling's gain this keeps (None where the ceiling offers none)."""
+        return (self.speedup - 1) / (ceiling - 1) if ceiling > 1 else None
+
+
+# A policy builds one request's controller from the run's costs, the calibration every
+# request shares, and K_max.
+Policy = Callable[[CostModel, Calibration, int], Controller]
+
+
+def goodput(cost: CostModel, calibration: Calibration, k_max: int) -> Controller:
+    """Method auto's controller, as the LLM builds it for suffix drafting."""
+    return GoodputController(cost, k_max=k_max, calibration=calibration, per_position=True)
+
+
+def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], policy: Policy = goodput,
+           k_max: int = 16, suffix: SuffixConfig | None = None, cache_tokens: int = 100_000,
+           keep_ks: bool = False) -> list[Replayed]:
+    """One Replayed per category (in run order). curves: category -> v(b) in ms, the
+    costs the controller sees (fixed: it learns acceptance, not timing, here)."""
+    ids = sorted({t for s in streams for t in (*s.prompt, *s.output)})
+    compact = {t: i for i, t in enumerate(ids)}  # equal ids stay equal: drafts and estimates are unchanged
+    backend = RecordedBackend(len(ids) + 1, eos_id=len(ids))
+    cache = SuffixCache(cache_tokens) if cache_tokens else None
+    calibration = Calibration()
+    out: dict[str, Replayed] = {}
+    for s in streams:
+        row = out.setdefault(s.category, Replayed(s.category, ks=[] if keep_ks else None))
+        cost = CostModel(verify_ms=dict(curves[s.category]), weight=0.0)
+        ratio = cost_ratios(curves[s.category], k_max)
+        prompt, output = [compact[t] for t in s.prompt], [compact[t] for t in s.output]
+        backend.expect(prompt, output)
+        result = generate(backend, SuffixProposer(cache, suffix), prompt,
+                          SamplingParams(temperature=0.0, max_new_tokens=s.max_new_tokens), k_max,
+                          controller=policy(cost, calibration, k_max))
+        if result.token_ids != output:
+            at = next((i for i, (a, b) in enumerate(zip(result.token_ids, output)) if a != b),
+                      min(len(result.token_ids), len(output)))
+            raise RuntimeError(f"the replay of a {s.category} request left its recording at token {at}")
+        row.tokens += len(output)
+        row.rounds += len(result.rounds)
+        for r in result.rounds:
+            row.cost += ratio[min(r.proposed, k_max) + 1]
+            row.verified += r.proposed
+            row.accepted += r.accepted
+            if row.ks is not None:
+                row.ks.append(r.proposed)
+    return list(out.values())
