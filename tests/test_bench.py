@@ -16,9 +16,11 @@ from speclm import LLM
 from speclm.backends.toy import ToyBackend
 from speclm.bench.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
-from speclm.bench import methods, report, workloads
+from speclm.bench import report
 from speclm.bench.manifest import describe_model
-from speclm.bench.runner import BenchConfig, busy_warning
+from speclm.bench.setup import methods, workloads
+from speclm.bench.setup.config import BenchConfig
+from speclm.bench.trust.quiet import busy_warning
 from speclm.errors import InvalidRequestError
 from speclm.metrics import RoundRecord, per_position_acceptance, summarize
 

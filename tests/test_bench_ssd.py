@@ -7,7 +7,7 @@ import pytest
 
 from speclm.bench.projection import project, render
 from speclm.bench.report import render_ssd, ssd_stats
-from speclm.bench.runner import ssd_counts
+from speclm.bench.records import ssd_counts
 from speclm.metrics import RoundRecord
 
 

@@ -18,10 +18,14 @@ from speclm import LLM
 from speclm.backends.toy import ToyBackend
 from speclm.bench.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
-from speclm.bench import contamination, report, workloads
-from speclm.bench.contamination import TrustPolicy, starved, wait_for_quiet
+from speclm.bench import report
 from speclm.bench.ratios import speedup_stats
-from speclm.bench.runner import BenchConfig
+from speclm.bench.setup import workloads
+from speclm.bench.setup.config import BenchConfig
+from speclm.bench.trust import starvation
+from speclm.bench.trust.policy import TrustPolicy
+from speclm.bench.trust.quiet import wait_for_quiet
+from speclm.bench.trust.starvation import starved
 
 
 # ---- the flagging rule -----------------------------------------------------------
@@ -82,7 +86,7 @@ def test_wait_for_quiet_polls_until_the_load_falls_and_is_bounded_in_time():
 
 # ---- re-runs, exactly: the toy model and a scripted CPU clock ----------------------------------
 class ScriptedCpu:
-    """contamination.cpu_clock for the toy: each request reads it twice (start, end); the
+    """starvation.cpu_clock for the toy: each request reads it twice (start, end); the
     end reading makes the request starved (0 CPU seconds) when the script says so."""
 
     def __init__(self, starved_calls: set[int]):
@@ -97,7 +101,7 @@ class ScriptedCpu:
 
 
 def toy_run(tmp_path, monkeypatch, starved_calls, methods=("sd-ngram",), name="out", **trust):
-    monkeypatch.setattr(contamination, "cpu_clock", ScriptedCpu(set(starved_calls)))
+    monkeypatch.setattr(starvation, "cpu_clock", ScriptedCpu(set(starved_calls)))
     target = ToyBackend(6, seed=4, n_ctx=256)
     target.n_threads = 1  # judged as a one-thread backend
     prompts = [workloads.Prompt("seq", i, p, chat=False) for i, p in enumerate(

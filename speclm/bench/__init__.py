@@ -8,10 +8,11 @@ The command line is speclm/commands/bench.py.
 New methods: one record in the method table (speclm.speculative.methods.register).
 """
 
-from .methods import BenchMethod, bench_methods
-from .runner import BenchConfig, run_bench
+from .setup.methods import BenchMethod, bench_methods
+from .runner import run_bench
+from .setup.config import BenchConfig
 from .sweep import run_to_dir
-from .workloads import CATEGORIES, BenchDataError, Prompt, load_builtin, load_dataset
+from .setup.workloads import CATEGORIES, BenchDataError, Prompt, load_builtin, load_dataset
 
 __all__ = ["run_to_dir", "BenchMethod", "bench_methods",
            "BenchConfig", "run_bench", "CATEGORIES", "BenchDataError", "Prompt", "load_builtin",

@@ -42,7 +42,7 @@ from ..sampling import SamplingParams
 from ..costs import cost_ratios
 from ..speculative.proposers.suffix import SuffixProposer
 from ..speculative.proposers.suffix_index import SuffixCache, SuffixConfig
-from .methods import BASELINE
+from .setup.methods import BASELINE
 from .tables import md_table
 
 MATCH = 1  # tokens an occurrence must share with the context's end to count

@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 
 from ..errors import SpeclmError
 from .distributions import distribution
-from .workloads import Prompt
+from .setup.workloads import Prompt
 
 
 class EndpointError(SpeclmError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .methods import BASELINE
+from .setup.methods import BASELINE
 from .tables import md_table
 
 FIELDS = ("requests", "prompts", "speedup", "decode_speedup", "acceptance_rate", "mean_acceptance_length",

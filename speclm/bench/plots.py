@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .methods import BASELINE  # noqa: E402
+from .setup.methods import BASELINE  # noqa: E402
 from .report import label, model_tag, models_vary  # noqa: E402
 
 

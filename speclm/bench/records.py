@@ -9,9 +9,8 @@ import time
 
 from ..metrics import GenerationResult
 from ..sampling import SamplingParams
-from ..speculative.methods import METHODS as TABLE
-from . import contamination
-from .contamination import CROSS_REQUEST_PROPOSALS, TrustPolicy, starved
+from .trust import starvation
+from .trust.policy import TrustPolicy
 from .heads_report import heads_counts
 from .report import acceptance_from_counts, round_counts
 
@@ -62,31 +61,14 @@ def ssd_counts(rounds) -> dict:
             "speculator_busy_ms": sum(i.get("busy_ms", 0.0) for i in ssd)}
 
 
-def expected_threads(arm) -> int | None:
-    """The threads the arm's requests compute with on the target (None: not a threaded backend)."""
-    base = getattr(arm.llm.target, "n_threads", None)
-    if base is None:
-        return None
-    try:
-        return TABLE[arm.method.method].threads(arm.llm, arm.method.spec(arm.k)) or base
-    except Exception:  # a method whose thread policy needs what this LLM lacks: its default
-        return base
-
-
-def learns_across_requests(arm) -> bool:
-    """True when the arm's proposer keeps state between requests (a re-run would replay)."""
-    spec = arm.method.spec(arm.k)
-    proposal = TABLE[arm.method.method].proposal_for(spec, has_draft=True)
-    return proposal in CROSS_REQUEST_PROPOSALS or (proposal == "medusa" and spec.medusa.online)
-
-
-def timed(arm, ids: list[int], params: SamplingParams, head: dict, threads: int | None,
+def timed(arm, scope: str, ids: list[int], params: SamplingParams, head: dict, threads: int | None,
           policy: TrustPolicy, cores: int) -> tuple[dict, GenerationResult]:
-    """One request with its record, CPU share and starvation verdict (contamination.py)."""
-    c0, w0 = contamination.cpu_clock(), time.perf_counter()
-    result = arm.method.generate(arm.llm, ids, params, arm.spec())
-    cpu_s, wall_s = contamination.cpu_clock() - c0, time.perf_counter() - w0
+    """One request of `arm` in cache scope `scope`, with its record, CPU share and
+    starvation verdict (trust/starvation.py)."""
+    c0, w0 = starvation.cpu_clock(), time.perf_counter()
+    result = arm.method.generate(arm.llm, ids, params, arm.spec(scope))
+    cpu_s, wall_s = starvation.cpu_clock() - c0, time.perf_counter() - w0
     rec = request_record(result, head)
     rec.update(cpu_s=cpu_s, cpu_share=cpu_s / wall_s if wall_s > 0 else None, threads=threads,
-               starved=starved(cpu_s, wall_s, threads, policy.min_share, cores), attempt=0, rerun_reason=None)
+               starved=starvation.starved(cpu_s, wall_s, threads, policy.min_share, cores), attempt=0, rerun_reason=None)
     return rec, result

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .compare import mib
-from .methods import BASELINE
+from .setup.methods import BASELINE
 from .ratios import baseline_stats, fmt_x, identity_cell, speedup_stats, wall_cell, worth_it  # noqa: F401
 from .distributions import distribution, percentile  # noqa: F401  (public here too)
 from .tables import md_table, merge_counts  # noqa: F401  (merge_counts: public here too)

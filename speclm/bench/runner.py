@@ -33,91 +33,27 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..api import LLM, SpecConfig
+from ..api import LLM
 from ..engine import Engine
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
-from ..prefix_cache import PREFIX_CACHE_TOKENS
 from ..sampling import SamplingParams
 from ..speculative.identity import compare_greedy
-from . import contamination
-from .contamination import TrustLog, TrustPolicy, starved, wait_for_quiet
-from .methods import BASELINE, BENCH_DEFAULT, BenchMethod, parse_methods
-from .records import expected_threads, learns_across_requests, peak_rss_mb, timed
-from .records import request_record, ssd_counts  # noqa: F401  (public here too)
+from .records import peak_rss_mb, timed
 from .report import distribution
-from .reruns import RerunQueue, Slot, Unit
-from .workloads import Prompt
+from .setup.config import Arm, BenchConfig, make_arms
+from .setup.methods import BASELINE
+from .trust import starvation
+from .trust.quiet import after_wait, busy_during, busy_warning, wait_for_quiet
+from .trust.reruns import RerunQueue, Slot, Unit, rerunnable
+from .trust.starvation import judged_threads, starved, starved_warnings
+from .setup.workloads import Prompt
 
 WARMUP_TOKENS = 8
-
-
-@dataclass
-class BenchConfig:
-    """What to sweep. Every list is swept; AR runs once per (prompt, repeat, T, N)."""
-
-    methods: list[str] = field(default_factory=lambda: list(BENCH_DEFAULT))
-    ks: list[int] = field(default_factory=lambda: [2, 4, 8])
-    temperatures: list[float] = field(default_factory=lambda: [0.0])
-    max_new_tokens: list[int] = field(default_factory=lambda: [128])
-    repeats: int = 1
-    seed: int = 0
-    concurrency: list[int] = field(default_factory=list)
-    concurrency_repeats: int = 1  # passes over every concurrency row, AR and methods alternating who runs first
-    ignore_eos: bool = False
-    prefix_cache_tokens: int = PREFIX_CACHE_TOKENS  # each arm's own prompt KV cache (run_sweep's LLMs)
-    base: SpecConfig = field(default_factory=SpecConfig)  # the settings no sweep dimension sets
-    trust: TrustPolicy = field(default_factory=TrustPolicy)  # contamination check and quiet wait
-    observed: TrustLog = field(default_factory=TrustLog, compare=False)  # what they saw (all runs of it)
-
-    def configs(self) -> list[tuple[BenchMethod, int]]:
-        """(method, K) pairs in run order: AR first (K = 0), then each method × K."""
-        out: list[tuple[BenchMethod, int]] = []
-        for m in parse_methods(self.methods, self.base):
-            out.extend([(m, k) for k in self.ks] if m.uses_k else [(m, 0)])
-        return out
-
-    def to_dict(self) -> dict:
-        return {"methods": self.methods, "ks": self.ks, "temperatures": self.temperatures,
-                "max_new_tokens": self.max_new_tokens, "repeats": self.repeats, "seed": self.seed,
-                "concurrency": self.concurrency,
-                "concurrency_repeats": self.concurrency_repeats, "ignore_eos": self.ignore_eos,
-                "prefix_cache_tokens": self.prefix_cache_tokens,
-                "base_spec": asdict(self.base),
-                "contamination": {**self.trust.to_dict(), "observed": self.observed.to_dict()}}
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One timed configuration: `method` at draft length `k` run on `llm`. `meta` is
-    merged into each of its records (a variant sweep names the draft there). `scope`
-    keeps what the arm's requests leave behind (suffix cache, prompt KV copies) its own:
-    AR and a method run the same prompt back to back, and neither may find the other's."""
-
-    method: BenchMethod
-    k: int
-    llm: LLM
-    meta: dict = field(default_factory=dict)
-    scope: str | None = None
-
-    def spec(self) -> SpecConfig:
-        return dataclasses.replace(self.method.spec(self.k), cache_scope=self.scope)
-
-
-def make_arms(cfg: BenchConfig, llm: LLM, drafts: dict[str, tuple[LLM, dict]] | None = None) -> list[Arm]:
-    """cfg.configs() on `llm`; with `drafts` ({name: (LLM holding that draft, record meta)})
-    every config of a method that needs a draft runs once per draft, on that draft's LLM."""
-    arms: list[Arm] = []
-    for method, k in cfg.configs():
-        if method.needs_draft and drafts:
-            arms.extend(Arm(method, k, d_llm, meta) for d_llm, meta in drafts.values())
-        else:
-            arms.append(Arm(method, k, llm))
-    return [dataclasses.replace(arm, scope=f"bench-arm{i}") for i, arm in enumerate(arms)]
 
 
 @dataclass
@@ -183,14 +119,6 @@ class TraceSink:
                 extra.close()
 
 
-def busy_warning(load1: float, cores: int) -> str | None:
-    """A loud warning when the 1-minute load exceeds half the cores, else None."""
-    if load1 > cores * 0.5:
-        return (f"MACHINE BUSY: load average {load1:.2f} on {cores} cores (> {cores * 0.5:.1f}) at start; "
-                f"llama.cpp threads wait for each other, so timings are unreliable: rerun on a quiet machine")
-    return None
-
-
 def _params(cfg: BenchConfig, temperature: float, max_new: int, seed: int) -> SamplingParams:
     return SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new,
                           ignore_eos=cfg.ignore_eos)
@@ -253,14 +181,9 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     # since the load the previous target's own threads left behind would read as "busy"
     wait = wait_for_quiet(policy, cores)
     cfg.observed.waits.append(wait)
-    if wait["max_wait_s"] > 0 and wait["quiet"]:
-        # busy at start (often this bench's own model loading, or a run just stopped), quiet before timing
-        warnings = [w for w in warnings if not w.startswith("MACHINE BUSY")]
-    if wait["max_wait_s"] > 0 and not wait["quiet"]:
-        warnings.append(f"MACHINE NEVER QUIET: load average {wait['loads'][-1][1]:.2f} >= {wait['threshold']:.2f} "
-                        f"after waiting {wait['waited_s']:g} s (--wait-quiet); timings may be noisy")
-    threads = [expected_threads(a) for a in arms]
-    replay = [learns_across_requests(a) for a in arms]
+    warnings = after_wait(warnings, wait)
+    threads = [judged_threads(a) for a in arms]
+    again = [rerunnable(a) for a in arms]
     records: list[dict] = []
 
     def finalize(unit: Unit) -> None:
@@ -279,7 +202,8 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
 
     def rerun(unit: Unit, slot: Slot, reason: str) -> tuple[dict, GenerationResult]:
         ids, params = unit.context
-        rec, result = timed(arms[slot.arm_index], ids, params, slot.head, threads[slot.arm_index], policy, cores)
+        rec, result = timed(arms[slot.arm_index], f"bench-arm{slot.arm_index}", ids, params, slot.head,
+                            threads[slot.arm_index], policy, cores)
         rec["rerun_reason"] = reason
         return rec, result
 
@@ -300,25 +224,15 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                                 "prompt_index": prompt.index, "repeat": rep, "method": arm.method.name,
                                 "k": arm.k, "temperature": temp, "max_new_tokens": max_new,
                                 "seed": seed, "chat": prompt.chat, **(meta or {}), **arm.meta}
-                        rec, result = timed(arm, ids, params, head, threads[ai], policy, cores)
-                        unit.slots.append(Slot(ai, arm.method.name == BASELINE, not replay[ai], [(rec, result)], head))
+                        rec, result = timed(arm, f"bench-arm{ai}", ids, params, head, threads[ai], policy, cores)
+                        unit.slots.append(Slot(ai, arm.method.name == BASELINE, again[ai], [(rec, result)], head))
                     queue.add(unit)
     queue.finish()
-    left = sum(1 for r in records if r.get("starved"))
-    if left:
-        warnings.append(f"{left} request{'s' if left > 1 else ''} still starved of CPU after re-runs "
-                        "(see report.md, Contamination): their ratios are unreliable; rerun on a quiet machine")
     conc = run_concurrency(prompts, encoded, cfg, arms, on_concurrency, meta, sink) if cfg.concurrency else []
-    if any(c["starved"] for c in conc):
-        warnings.append(f"{sum(1 for c in conc if c['starved'])} concurrency rows starved of CPU (not re-run): "
-                        "their throughput is unreliable")
+    warnings += starved_warnings(records, conc)
     load_after = os.getloadavg()
-    peak = max([load_after[0], *(r["load1"] for r in records)])
     own = max((t for t in threads if t), default=0)  # the load this bench's own llama.cpp threads make
-    if not any("BUSY" in w for w in warnings) and peak > own + cores * 0.5:
-        warnings.append(f"MACHINE BUSY DURING THE RUN: load average reached {peak:.2f} on {cores} cores, more "
-                        f"than this bench's own {own} threads explain (quiet at start); per-request load is in "
-                        f"requests.jsonl (load1): rerun on a quiet machine")
+    warnings += busy_during(warnings, [load_after[0], *(r["load1"] for r in records)], own, cores)
     return BenchRun(records, conc, load_before, load_after, started, time.time(), warnings)
 
 
@@ -364,7 +278,7 @@ def _concurrency_row(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: B
     engine = Engine(arm.llm, max_concurrency=n, max_queue=len(encoded) + n)
     jobs = [(ids, _params(cfg, temp, max_new, cfg.seed + i)) for i, ids in enumerate(encoded)]
     submitted = [0.0] * len(jobs)
-    t0, c0 = time.perf_counter(), contamination.cpu_clock()
+    t0, c0 = time.perf_counter(), starvation.cpu_clock()
 
     def client(i: int) -> GenerationResult:
         submitted[i] = (time.perf_counter() - t0) * 1000
@@ -375,7 +289,7 @@ def _concurrency_row(prompts: Sequence[Prompt], encoded: list[list[int]], cfg: B
     finally:
         engine.shutdown()
     wall_ms = (time.perf_counter() - t0) * 1000
-    cpu_s, threads = contamination.cpu_clock() - c0, expected_threads(arm)
+    cpu_s, threads = starvation.cpu_clock() - c0, judged_threads(arm)
     tokens = sum(r.summary.output_tokens for r in results)
     head = {"concurrency": n, "method": method.name, "k": k, "temperature": temp, "repeat": rep}
     row = {**head, "max_new_tokens": max_new, "requests": len(results), "output_tokens": tokens,

@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from .distributions import distribution
-from .methods import BASELINE
+from .setup.methods import BASELINE
 
 MODEL_KEYS = ("target", "draft", "target_name", "draft_name")
 

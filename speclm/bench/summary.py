@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .ceiling import render as render_ceiling
-from .contamination import render as render_contamination
-from .contamination import summarize
+from .trust.starvation import render as render_contamination
+from .trust.starvation import summarize
 from .halves import halves
 from .heads_report import heads_rows
 from .heads_report import render as render_heads
 from .halves import render as render_halves
-from .methods import BASELINE
+from .setup.methods import BASELINE
 from .projection import project
 from .scaling import paired
 from .scaling import table as paired_table

@@ -42,12 +42,13 @@ from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..models.catalog import resolve_model
 from ..models.variants import SEP
 from .manifest import build_manifest, describe_model
-from .methods import BASELINE, TABLE, parse_methods
+from .setup.methods import BASELINE, TABLE, parse_methods
 from .plots import write_plots
 from .report import pair_with_ar, speedup_stats
 from .summary import build_summary, render_markdown
-from .runner import BenchConfig, BenchRun, TraceSink, encode_prompts, make_arms, run_bench
-from .workloads import Prompt, prompt_set_hash
+from .runner import BenchRun, TraceSink, encode_prompts, run_bench
+from .setup.config import BenchConfig, make_arms
+from .setup.workloads import Prompt, prompt_set_hash
 
 V_KS = (1, 4, 8, 16)
 V_REPEATS = 3

@@ -28,13 +28,15 @@ from .options import add_kernels_option, add_spec_options, spec_from_args, specu
 from ..errors import InvalidRequestError
 from ..prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
 from ..sampling import SamplingParams
-from ..bench.contamination import TrustPolicy, headline
-from ..bench.methods import BENCH_DEFAULT, bench_methods, parse_methods
+from ..bench.trust.policy import TrustPolicy
+from ..bench.trust.starvation import headline
+from ..bench.setup.methods import BENCH_DEFAULT, bench_methods, parse_methods
 from ..bench.report import MAIN_HEADER, identity_note, table_rows
-from ..bench.runner import BenchConfig, busy_warning
+from ..bench.setup.config import BenchConfig
+from ..bench.trust.quiet import busy_warning
 from ..bench.sweep import plan_models, run_sweep
 from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
-from ..bench.workloads import Prompt, load_builtin, load_dataset, select
+from ..bench.setup.workloads import Prompt, load_builtin, load_dataset, select
 
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "k": [4],

@@ -16,11 +16,11 @@ from pathlib import Path
 from rich.console import Console
 
 from ..errors import InvalidRequestError, SpeclmError
-from ..bench.contamination import wait_for_quiet
+from ..bench.trust.quiet import wait_for_quiet
 from ..bench.endpoint import EndpointError, EndpointRun, base_url, connect, run_concurrency, run_sequential
 from ..bench.endpoint_metrics import scrape
 from ..bench.manifest import build_manifest
-from ..bench.workloads import prompt_set_hash
+from ..bench.setup.workloads import prompt_set_hash
 
 NOT_WITH_ENDPOINT = ("target", "targets", "draft", "drafts", "methods", "k", "variant_quality",
                      "concurrency_repeats", "prefix_cache_tokens")

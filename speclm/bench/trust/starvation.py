@@ -1,87 +1,26 @@
-"""Contamination: requests starved of CPU by another process, flagged and re-run.
+"""Starvation: a request that another process kept from the CPU is flagged (and re-run:
+reruns.py), under the thresholds of policy.py (docs/bench.md#trust).
 
 The rule (`starved`): over one request, its CPU share = process CPU seconds
 (time.process_time: every thread of this process) / wall seconds. While
 llama.cpp computes it keeps its threads busy, so on a quiet machine the share
 is close to min(threads, cores); another process holding a core drags it down
-(llama.cpp's threads wait for each other: design note §6). A share below
+(llama.cpp's threads wait for each other: docs/bench.md#trust). A share below
 `min_share` × min(threads, cores) (default 0.6) flags the request as starved.
 Requests whose thread count is unknown (toy backends) are never flagged.
-
-Re-runs (reruns.py): a starved request runs again together with its AR
-partner (the AR request of the same prompt, repeat, T and max_new_tokens:
-speedups pair them), in re-run passes after the sweep, so that a burst of
-load has time to pass. Each request is re-run at most `max_reruns` times and
-the run re-runs at most `max_total_reruns` generations in all (AR partners
-included). The last attempt is kept: requests.jsonl holds it, reruns.jsonl
-the superseded ones. A method that learns across requests (a shared suffix
-cache) is flagged but not re-run: its cache already holds the prompt's first
-output, so a re-run would measure a replay.
-
-Quiet: before the timed requests, `wait_for_quiet` polls the 1-minute load
-average until it is below `quiet_load` (default half the cores), for at most
-`wait_quiet_s` seconds (the CLI waits 60 s by default; the API does not wait).
+`summarize` is summary.json's "contamination": what was flagged, re-run and left.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-from ..errors import InvalidRequestError
-from .tables import md_table
+from ...speculative.methods import METHODS as TABLE
+from ..tables import md_table
 
-CROSS_REQUEST_PROPOSALS = frozenset({"suffix"})  # proposals whose state outlives a request
 cpu_clock: Callable[[], float] = time.process_time  # CPU seconds of this process (a test may replace it)
-
-
-@dataclass
-class TrustPolicy:
-    """Thresholds of the contamination check (all recorded in the manifest)."""
-
-    min_share: float = 0.6  # flag below min_share × min(threads, cores); 0 disables the check
-    max_reruns: int = 3  # re-runs per request
-    max_total_reruns: int | None = None  # re-run generations in all; None: half the planned requests (>= 4)
-    wait_quiet_s: float = 0.0  # wait up to this long for a quiet machine before timing
-    quiet_load: float | None = None  # quiet: 1-minute load average below this; None: half the cores
-    poll_s: float = 5.0
-    notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.min_share <= 1:
-            raise InvalidRequestError(f"--min-cpu-share must be in [0, 1], got {self.min_share}")
-        if self.max_reruns < 0 or (self.max_total_reruns is not None and self.max_total_reruns < 0):
-            raise InvalidRequestError("--max-reruns and --max-total-reruns must be >= 0")
-        if self.wait_quiet_s < 0 or (self.quiet_load is not None and self.quiet_load <= 0) or self.poll_s <= 0:
-            raise InvalidRequestError("--wait-quiet must be >= 0 and --quiet-load > 0")
-
-    def total_cap(self, planned: int) -> int:
-        return self.max_total_reruns if self.max_total_reruns is not None else max(4, planned // 2)
-
-    def quiet_threshold(self, cores: int) -> float:
-        return self.quiet_load if self.quiet_load is not None else cores * 0.5
-
-    def to_dict(self) -> dict:
-        return {"min_cpu_share": self.min_share, "max_reruns": self.max_reruns,
-                "max_total_reruns": self.max_total_reruns, "wait_quiet_s": self.wait_quiet_s,
-                "quiet_load": self.quiet_load, "poll_s": self.poll_s}
-
-
-@dataclass
-class TrustLog:
-    """What the check saw: quiet waits, re-runs, requests left starved (and why)."""
-
-    waits: list[dict] = field(default_factory=list)
-    reruns: list[dict] = field(default_factory=list)
-    unresolved: list[dict] = field(default_factory=list)
-    rerun_cap: int = 0  # summed over the run_bench calls that share this log
-
-    def to_dict(self) -> dict:
-        return {"waits": self.waits, "reruns": self.reruns, "unresolved": self.unresolved,
-                "rerun_cap": self.rerun_cap}
 
 
 def expected_share(threads: int | None, cores: int) -> int | None:
@@ -102,32 +41,32 @@ def starved(cpu_s: float, wall_s: float, threads: int | None, min_share: float, 
     return None
 
 
-def wait_for_quiet(policy: TrustPolicy, cores: int, loadavg: Callable[[], tuple] = os.getloadavg,
-                   sleep: Callable[[float], None] = time.sleep,
-                   clock: Callable[[], float] = time.monotonic) -> dict:
-    """Poll the 1-minute load average until it is below the quiet threshold, for at most
-    policy.wait_quiet_s seconds (0: one reading). Returns what it saw."""
-    threshold, t0 = policy.quiet_threshold(cores), clock()
-    loads: list[list[float]] = []
-    quiet = False
-    while True:
-        load1 = float(loadavg()[0])
-        loads.append([round(clock() - t0, 1), load1])
-        if load1 < threshold:
-            quiet = True
-            break
-        left = policy.wait_quiet_s - (clock() - t0)
-        if left <= 0:
-            break
-        if len(loads) == 1 and policy.notify:
-            policy.notify(f"waiting up to {policy.wait_quiet_s:g} s for a quiet machine: load average "
-                          f"{load1:.2f} >= {threshold:.2f} (--no-wait-quiet skips this)")
-        sleep(min(policy.poll_s, left))
-    return {"threshold": threshold, "max_wait_s": policy.wait_quiet_s, "waited_s": round(clock() - t0, 1),
-            "quiet": quiet, "loads": loads}
+def judged_threads(arm) -> int | None:
+    """The threads an arm's requests compute with on the target, which their CPU share is
+    judged by (None: not a threaded backend, never judged)."""
+    base = getattr(arm.llm.target, "n_threads", None)
+    if base is None:
+        return None
+    try:
+        return TABLE[arm.method.method].threads(arm.llm, arm.method.spec(arm.k)) or base
+    except Exception:  # a method whose thread policy needs what this LLM lacks: its default
+        return base
 
 
-# ---- the summary section ---------------------------------------------------------
+def starved_warnings(requests: Sequence[dict], rows: Sequence[dict]) -> list[str]:
+    """The run's warnings about starved requests left after the re-runs and starved
+    concurrency rows (never re-run)."""
+    out = []
+    left = sum(1 for r in requests if r.get("starved"))
+    if left:
+        out.append(f"{left} request{'s' if left > 1 else ''} still starved of CPU after re-runs "
+                   "(see report.md, Contamination): their ratios are unreliable; rerun on a quiet machine")
+    if any(c["starved"] for c in rows):
+        out.append(f"{sum(1 for c in rows if c['starved'])} concurrency rows starved of CPU (not re-run): "
+                   "their throughput is unreliable")
+    return out
+
+
 def summarize(requests: Sequence[dict], contamination: dict | None) -> dict | None:
     """summary["contamination"]: the policy, the quiet waits, how many requests were
     checked, flagged, re-run (by reason) and are still starved. None without a policy."""

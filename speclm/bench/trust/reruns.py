@@ -1,4 +1,14 @@
-"""Re-running starved requests (the policy: contamination.py).
+"""Re-running starved requests (starvation.py flags them; docs/bench.md#trust).
+
+A starved request runs again together with its AR partner (the AR request of
+the same prompt, repeat, T and max_new_tokens: speedups pair them), in re-run
+passes after the sweep, so that a burst of load has time to pass. Each request
+is re-run at most `max_reruns` times and the run re-runs at most
+`max_total_reruns` generations in all (AR partners included). The last attempt
+is kept: requests.jsonl holds it, reruns.jsonl the superseded ones. A method
+that learns across requests (`rerunnable`: a shared suffix cache, online
+heads) is flagged but not re-run: its cache already holds the prompt's first
+output, so a re-run would measure a replay.
 
 A `Unit` is one prompt × repeat × T × max_new_tokens: its `Slot`s are the
 AR request and every method request run on it, each holding its attempts
@@ -21,7 +31,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .contamination import TrustLog, TrustPolicy
+from ...speculative.methods import METHODS as TABLE
+from .policy import TrustLog, TrustPolicy
+
+CROSS_REQUEST_PROPOSALS = frozenset({"suffix"})  # proposals whose state outlives a request
+
+
+def rerunnable(arm) -> bool:
+    """False when the arm's proposer keeps state between requests (a re-run would replay)."""
+    spec = arm.method.spec(arm.k)
+    proposal = TABLE[arm.method.method].proposal_for(spec, has_draft=True)
+    return not (proposal in CROSS_REQUEST_PROPOSALS or (proposal == "medusa" and spec.medusa.online))
 
 
 @dataclass(eq=False)

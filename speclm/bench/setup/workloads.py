@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpeclmError
+from ...errors import SpeclmError
 
 CATEGORIES: tuple[str, ...] = ("humaneval", "code-edit", "chat", "summarize", "translate", "math",
                                "extract", "multi-turn-edit", "rag-quote")

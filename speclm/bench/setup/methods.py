@@ -14,12 +14,12 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..api import LLM, SpecConfig
-from ..errors import InvalidRequestError
-from ..metrics import GenerationResult
-from ..sampling import SamplingParams
-from ..speculative.methods import METHODS as TABLE
-from ..speculative.methods import PROPOSALS
+from ...api import LLM, SpecConfig
+from ...errors import InvalidRequestError
+from ...metrics import GenerationResult
+from ...sampling import SamplingParams
+from ...speculative.methods import METHODS as TABLE
+from ...speculative.methods import PROPOSALS
 
 BASELINE = "ar"
 BENCH_DEFAULT = tuple(m.name for m in TABLE.values() if m.in_default_bench)  # the methods a bench runs by default
