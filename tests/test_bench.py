@@ -16,7 +16,7 @@ from speclm import LLM
 from speclm.backends.toy import ToyBackend
 from speclm.bench.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
-from speclm.bench import report
+from speclm.bench.analysis import counts, distributions, groups, ratios
 from speclm.bench.manifest import describe_model
 from speclm.bench.setup import methods, workloads
 from speclm.bench.setup.config import BenchConfig
@@ -34,11 +34,11 @@ def rounds(pairs):
 
 # ---- arithmetic ---------------------------------------------------------------
 def test_round_counts_and_acceptance_on_a_known_trace():
-    c = report.round_counts(rounds(TRACE))
+    c = counts.round_counts(rounds(TRACE))
     assert (c["rounds"], c["proposed"], c["accepted"], c["emitted"], c["full_accepts"]) == (5, 14, 7, 12, 1)
     assert c["pos_eligible"] == [4, 4, 3, 3] and c["pos_accepted"] == [3, 2, 1, 1]
     assert c["rejection_hist"] == [1, 1, 1, 0]
-    acc = report.acceptance_from_counts(c)
+    acc = counts.acceptance_from_counts(c)
     assert acc["acceptance_rate"] == pytest.approx(0.5)
     assert acc["mean_acceptance_length"] == pytest.approx(12 / 5)
     assert acc["per_position_acceptance"] == pytest.approx([0.75, 0.5, 1 / 3, 1 / 3])
@@ -46,36 +46,36 @@ def test_round_counts_and_acceptance_on_a_known_trace():
     s = summarize(rounds(TRACE), output_tokens=12, wall_ms=100.0, ttft_ms=10.0)
     assert acc["per_position_acceptance"] == pytest.approx(per_position_acceptance(rounds(TRACE)))
     assert (s.acceptance_rate, s.mean_acceptance_length) == pytest.approx((0.5, 2.4))
-    assert report.round_counts([r.to_dict() for r in rounds(TRACE)]) == c
+    assert counts.round_counts([r.to_dict() for r in rounds(TRACE)]) == c
 
 
 def test_merged_counts_equal_counts_of_the_concatenated_trace():
     a, b = TRACE[:2], [(2, 0), (1, 1), (8, 7)]
-    merged = report.merge_counts([report.round_counts(rounds(a)), report.round_counts(rounds(b))])
-    assert merged == report.round_counts(rounds(a + b))
-    assert report.acceptance_from_counts(report.round_counts([]))["acceptance_rate"] is None
+    merged = counts.merge_counts([counts.round_counts(rounds(a)), counts.round_counts(rounds(b))])
+    assert merged == counts.round_counts(rounds(a + b))
+    assert counts.acceptance_from_counts(counts.round_counts([]))["acceptance_rate"] is None
 
 
 def test_percentiles_interpolate_linearly():
     xs = [4.0, 1.0, 3.0, 2.0]
-    assert report.percentile(xs, 50) == pytest.approx(2.5)
-    assert report.percentile(xs, 25) == pytest.approx(1.75)
-    assert report.percentile(xs, 95) == pytest.approx(3.85)
-    assert report.percentile(xs, 99) == pytest.approx(3.97)
-    d = report.distribution([10.0, None, 30.0])
+    assert distributions.percentile(xs, 50) == pytest.approx(2.5)
+    assert distributions.percentile(xs, 25) == pytest.approx(1.75)
+    assert distributions.percentile(xs, 95) == pytest.approx(3.85)
+    assert distributions.percentile(xs, 99) == pytest.approx(3.97)
+    d = distributions.distribution([10.0, None, 30.0])
     assert (d["n"], d["p50"], d["min"], d["max"], d["mean"]) == (2, 20.0, 10.0, 30.0, 20.0)
-    assert report.distribution([])["p50"] is None
+    assert distributions.distribution([])["p50"] is None
     with pytest.raises(ValueError):
-        report.percentile([], 50)
+        distributions.percentile([], 50)
 
 
 def req(method, k, prompt, rep, wall, category="code", temp=0.0, tokens=10, identical=None, trace=((2, 1),)):
-    counts = report.round_counts(rounds(trace if method != "ar" else [(0, 0)] * tokens))
+    trace_counts = counts.round_counts(rounds(trace if method != "ar" else [(0, 0)] * tokens))
     return {"request_id": f"{method}{k}-{prompt}-{rep}", "category": category, "method": method, "k": k,
             "prompt_index": prompt, "repeat": rep, "temperature": temp, "max_new_tokens": 16,
             "wall_ms": wall, "prefill_ms": 10.0, "output_tokens": tokens, "tokens_per_s": 1000 * tokens / wall,
             "ttft_ms": wall / 10, "tpot_ms": wall / 20, "draft_ms": wall / 4, "verify_ms": wall / 2,
-            **counts, "identity": None if identical is None else {
+            **trace_counts, "identity": None if identical is None else {
                 "identical": identical, "compared_tokens": tokens, "first_divergence": None if identical else 3,
                 "ar_token": None, "sd_token": None, "ar_top2_margin": None if identical else 0.01}}
 
@@ -89,10 +89,10 @@ RECORDS = [r for rep, (ar0, ar1) in enumerate([(100.0, 200.0), (110.0, 220.0)]) 
 
 
 def test_speedup_is_ratio_of_wall_totals_with_per_pair_spread():
-    pairs = [(m, a) for m, a in report.pair_with_ar(RECORDS) if m["method"] == "sd-ngram"]
+    pairs = [(m, a) for m, a in ratios.pair_with_ar(RECORDS) if m["method"] == "sd-ngram"]
     assert len(pairs) == 4 and all(a["method"] == "ar" and a["prompt_index"] == m["prompt_index"]
                                    and a["repeat"] == m["repeat"] for m, a in pairs)
-    s = report.speedup_stats(pairs)
+    s = ratios.speedup_stats(pairs)
     assert s["speedup"] == pytest.approx(630 / 945)
     assert s["decode_speedup"] == pytest.approx((630 - 40) / (945 - 40))
     d = s["speedup_dist"]
@@ -101,7 +101,7 @@ def test_speedup_is_ratio_of_wall_totals_with_per_pair_spread():
 
 
 def test_group_rows_verdicts_and_identity():
-    rows = {(r["method"], r["k"]): r for r in report.group_rows(RECORDS)}
+    rows = {(r["method"], r["k"]): r for r in groups.group_rows(RECORDS)}
     assert rows[("ar", 0)]["speedup"] == 1.0 and rows[("ar", 0)]["identity"] is None
     ngram, draft = rows[("sd-ngram", 4)], rows[("sd-draft", 2)]
     assert ngram["identity"] == {"compared": 4, "identical": 3}
@@ -109,20 +109,20 @@ def test_group_rows_verdicts_and_identity():
     assert ngram["acceptance_rate"] == pytest.approx(0.5) and ngram["mean_acceptance_length"] == pytest.approx(2.0)
     assert rows[("ar", 0)]["tokens_per_s"] == pytest.approx(1000 * 40 / 630)
     assert ngram["latency_ms"]["p50"] == pytest.approx((55 + 400) / 2)  # walls 50, 55, 400, 440
-    (v,) = report.verdicts(list(rows.values()))
+    (v,) = groups.verdicts(list(rows.values()))
     assert v["enable"] and v["best"] == {"method": "sd-draft", "k": 2}
     assert v["evidence"].startswith("yes: sd-draft K=2 1.25× (p50") and "2/2 prompts faster" in v["evidence"]
     only_ngram = [r for r in rows.values() if r["method"] != "sd-draft"]
-    (v,) = report.verdicts(only_ngram)  # p50 1.25× but 0.67× in total: not worth enabling
+    (v,) = groups.verdicts(only_ngram)  # p50 1.25× but 0.67× in total: not worth enabling
     assert not v["enable"] and v["evidence"] == ("no: best method sd-ngram K=4 1.25× AR (p50; total 0.67×), "
                                                  "1/2 prompts faster")
-    divs = report.divergences(RECORDS)
+    divs = groups.divergences(RECORDS)
     assert [(d["method"], d["prompt_index"], d["repeat"]) for d in divs] == [("sd-ngram", 1, 1)]
 
 
 def test_rows_per_category_and_overall():
     recs = RECORDS + [dict(r, category="chat", request_id=r["request_id"] + "c") for r in RECORDS]
-    rows = report.group_rows(recs)
+    rows = groups.group_rows(recs)
     assert [r["category"] for r in rows if r["method"] == "ar"] == ["code", "chat", "all"]
     overall = next(r for r in rows if r["category"] == "all" and r["method"] == "sd-ngram")
     assert overall["speedup"] == pytest.approx(630 / 945) and overall["prompts"] == 4
@@ -370,7 +370,9 @@ def test_prompts_run_per_category_in_index_order():
 
 def test_halves_on_known_records():
     """RECORDS: sd-ngram K=4 is 2× on prompt 0 and 0.5× on prompt 1; sd-draft 1.25× on both."""
-    from speclm.bench import halves
+    from speclm.bench.analysis import halves
+    from speclm.bench.output.sections import lines_of
+    from speclm.bench.output.speculation import halves_section
     assert halves.split([4, 0, 2, 1, 3, 0]) == ([0, 1], [2, 3, 4])
     rows = {(r["method"], r["half"]): r for r in halves.halves(RECORDS)}
     assert set(rows) == {("sd-ngram", 1), ("sd-ngram", 2), ("sd-draft", 1), ("sd-draft", 2)}
@@ -380,7 +382,7 @@ def test_halves_on_known_records():
     assert rows[("sd-draft", 1)]["speedup"] == rows[("sd-draft", 2)]["speedup"] == pytest.approx(1.25)
     assert all(r["requests"] == 2 and r["acceptance_rate"] == pytest.approx(0.5) for r in rows.values())
     assert halves.halves([r for r in RECORDS if r["prompt_index"] == 0]) == []  # one prompt: no halves
-    md = "\n".join(halves.render(list(rows.values())))
+    md = "\n".join(lines_of(halves_section(list(rows.values()))))
     assert "## First half vs second half" in md
     assert "| code | sd-ngram K=4 | 0 | 0–0 / 1–1 | 2.00× → 0.50× |" in md
 
@@ -413,7 +415,7 @@ def test_toy_run_reports_halves_computed_from_each_halfs_requests(tmp_path):
 
 
 def test_curve_is_acceptance_per_block_of_drafting_rounds_in_run_order():
-    from speclm.bench.heads_report import curve
+    from speclm.bench.analysis.heads import curve
     recs = [{"round_pa": [[3, 0]] * 50 + [[0, 0]] * 7}, {"round_pa": [[3, 3]] * 50 + [[3, 1]] * 130}]
     assert curve(recs, block=100) == pytest.approx([150 / 300, 100 / 300])  # K = 0 rounds and the partial last block do not count
 
@@ -464,7 +466,7 @@ def test_repeated_concurrency_rows_alternate_who_runs_first_and_pair_within_a_re
 
 
 def test_paired_concurrency_ratios_match_rows_of_the_same_repeat_and_target():
-    from speclm.bench.scaling import paired
+    from speclm.bench.analysis.scaling import paired
     def row(rep, n, method, tok_s, target="a"):
         return {"temperature": 0.0, "repeat": rep, "concurrency": n, "method": method, "k": 0 if method == "ar" else 16,
                 "throughput_tok_s": tok_s, "target": target}

@@ -18,8 +18,10 @@ from speclm import LLM
 from speclm.backends.toy import ToyBackend
 from speclm.bench.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
-from speclm.bench import report
-from speclm.bench.ratios import speedup_stats
+from speclm.bench.analysis.counts import round_counts
+from speclm.bench.analysis.groups import group_rows, verdicts
+from speclm.bench.analysis.ratios import pair_with_ar, speedup_stats
+from speclm.bench.output.results import MAIN_HEADER, identity_note, table_rows
 from speclm.bench.setup import workloads
 from speclm.bench.setup.config import BenchConfig
 from speclm.bench.trust import starvation
@@ -222,7 +224,7 @@ def rec(method, prompt, wall, tokens, prefill, prompt_tokens=20, category="c", i
             "prompt_index": prompt, "repeat": 0, "temperature": 0.7, "max_new_tokens": 16, "wall_ms": wall,
             "prefill_ms": prefill, "prompt_tokens": prompt_tokens, "output_tokens": tokens,
             "tokens_per_s": 1000 * tokens / wall, "ttft_ms": prefill, "tpot_ms": 1.0, "draft_ms": 0.0,
-            "verify_ms": 0.0, **report.round_counts([]),
+            "verify_ms": 0.0, **round_counts([]),
             "identity": None if identical is None else {"identical": identical, "compared_tokens": tokens,
                                                        "first_divergence": None, "ar_top2_margin": None}}
 
@@ -233,7 +235,7 @@ def test_ratios_are_per_token_and_the_wall_ratio_needs_equal_lengths():
     # prompt 1: equal lengths, 2× faster.
     recs = [rec("ar", 0, 100.0, 10, 20.0), rec("sd", 0, 60.0, 5, 10.0),
             rec("ar", 1, 80.0, 8, 16.0), rec("sd", 1, 40.0, 8, 16.0)]
-    pairs = report.pair_with_ar(recs)
+    pairs = pair_with_ar(recs)
     first = speedup_stats(pairs[:1])
     assert first["speedup"] == pytest.approx(10.0 / 12.0)
     assert first["decode_speedup"] == pytest.approx((80 / 10) / (50 / 5))  # (wall − prefill) per output token
@@ -252,15 +254,14 @@ def test_ratios_are_per_token_and_the_wall_ratio_needs_equal_lengths():
 def test_the_table_puts_identity_counts_next_to_each_ratio_and_the_verdict_ignores_the_wall_ratio():
     recs = [rec("ar", 0, 100.0, 10, 20.0), rec("sd", 0, 60.0, 5, 10.0, identical=False),
             rec("ar", 1, 100.0, 10, 20.0), rec("sd", 1, 55.0, 5, 10.0, identical=False)]
-    rows = report.group_rows(recs)
+    rows = group_rows(recs)
     sd = next(r for r in rows if r["method"] == "sd")
     assert sd["wall_speedup"] is None and sd["speedup"] < 1  # Σ wall would say 1.74×
-    (v,) = report.verdicts(rows)
+    (v,) = verdicts(rows)
     assert not v["enable"] and v["identity"] == {"compared": 2, "identical": 0}
-    assert report.identity_note(v) == "; greedy output identical to AR 0/2"
-    summary = {"rows": rows, "config": {"max_new_tokens": [16]}}
-    header = list(report.MAIN_HEADER)
-    row = dict(zip(header, next(t for t in report.table_rows(summary) if t[1] == "sd K=4")))
+    assert identity_note(v) == "; greedy output identical to AR 0/2"
+    header = list(MAIN_HEADER)
+    row = dict(zip(header, next(t for t in table_rows(rows, max_new_tokens=[16]) if t[1] == "sd K=4")))
     assert row["Σ wall [same len]"] == "- [0/2]" and row["identical"] == "0/2"
     assert header.index("identical") == header.index("Σ wall [same len]") + 1  # right beside the ratios
     assert row["speedup"] == f"{sd['speedup']:.2f}×" and row["prefill/tok"] == "2.00×"

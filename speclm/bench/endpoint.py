@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from ..errors import SpeclmError
-from .distributions import distribution
+from .analysis.distributions import distribution
 from .setup.workloads import Prompt
 
 

@@ -1,4 +1,5 @@
-"""summary.json, report.md and the console table of an endpoint bench (endpoint.py).
+"""The report of an endpoint bench (endpoint.py): its sections, from which summary.json,
+report.md and the console are rendered (output/sections.py).
 
 The ratios are the local bench's (ratios.py) with A in AR's place: B's speedup
 = A time per output token / B time per output token over the same prompts; the
@@ -10,16 +11,19 @@ B is faster iff ratios.worth_it (p50 > 1, total > 1, most prompts faster).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
-from .distributions import distribution
+from rich.markup import escape
+
+from .analysis.counts import round_counts
+from .analysis.distributions import distribution
+from .analysis.groups import group_rows
+from .analysis.ratios import worth_it
 from .endpoint import EndpointRun
 from .endpoint_metrics import speculation
-from .ratios import fmt_x, identity_cell, wall_cell, worth_it
-from .report import group_rows, round_counts
-from .tables import md_table
+from .output.cells import fmt_x, identity_cell, md_table, quantiles, wall_cell
+from .output.results import console_table
+from .output.sections import Section, warnings_section
 
 HEADER = ("category", "T", "B speedup", "p50 [min–max]", "faster", "decode/tok", "prefill (TTFT)/tok",
           "Σ wall [same len]", "identical", "A tok/s", "B tok/s")
@@ -37,10 +41,6 @@ def as_bench(rec: dict) -> dict:
             "prefill_ms": rec["ttft_ms"] if rec["ttft_ms"] is not None else 0.0, "draft_ms": 0.0, "verify_ms": 0.0,
             **_ZERO, "identity": None if ident is None else {**ident,
                                                              "first_divergence": ident["first_divergence_char"]}}
-
-
-def _dist_cell(d: dict) -> str:
-    return " / ".join("-" if d[q] is None else f"{d[q]:.1f}" for q in ("p50", "p95", "p99"))
 
 
 def latency_rows(requests: Sequence[dict]) -> list[dict]:
@@ -73,24 +73,8 @@ def b_vs_a(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def build_summary(run: EndpointRun, config: dict, quiet: dict | None) -> dict:
-    rows = group_rows([as_bench(r) for r in run.requests])
-    idents = [r["identity"] for r in run.requests if r.get("identity")]
-    diverged = [r for r in run.requests if r.get("identity") and not r["identity"]["identical"]]
-    return {"mode": "endpoint", "config": config, "error": run.error, "partial": run.error is not None,
-            "endpoints": [{"label": e.label, "url": e.url, "model": e.model,
-                           "speculation": speculation(run.metrics_before.get(e.label, {}),
-                                                      run.metrics_after.get(e.label, {}))} for e in run.endpoints],
-            "requests": len(run.requests), "rows": rows, "verdicts": b_vs_a(rows),
-            "latency": latency_rows(run.requests), "concurrency": run.concurrency,
-            "identity": {"compared": len(idents), "identical": sum(1 for i in idents if i["identical"]),
-                         "divergences": [{"request_id": r["request_id"], "category": r["category"],
-                                          "prompt_index": r["prompt_index"], **r["identity"]} for r in diverged]},
-            "quiet_wait": quiet, "wall_s": (run.ended or run.started) - run.started}
-
-
-def table_rows(summary: dict) -> list[tuple[str, ...]]:
-    rows = summary["rows"]
+def table_rows(rows: Sequence[dict]) -> list[tuple[str, ...]]:
+    """The B vs A table: one line per category × T (× max_new_tokens)."""
     a_tok = {(r["category"], r["temperature"], r["max_new_tokens"]): r["tokens_per_s"]
              for r in rows if r["method"] == "ar"}
     out = []
@@ -107,9 +91,9 @@ def table_rows(summary: dict) -> list[tuple[str, ...]]:
     return out
 
 
-def _spec_rows(summary: dict) -> list[tuple[str, ...]]:
+def _spec_rows(endpoints: Sequence[dict]) -> list[tuple[str, ...]]:
     out = []
-    for e in summary["endpoints"]:
+    for e in endpoints:
         s = e["speculation"]
         if not s.get("source"):
             out.append((e["label"], "-", "-", "-", "-", "-", s.get("why") or "-"))
@@ -121,78 +105,89 @@ def _spec_rows(summary: dict) -> list[tuple[str, ...]]:
     return out
 
 
-def render_markdown(summary: dict, manifest: dict) -> str:
-    eps = summary["endpoints"]
-    parts = ["# speclm bench report: endpoints", "",
-             *[f"- {e['label']}: {e['url']} (model `{e['model']}`)" for e in eps], "",
-             f"CPU of this client: {manifest['machine']['cpu_model']}, {manifest['machine']['cores']} cores. "
-             f"Load average before {manifest['load_average']['before'][0]:.2f}, after "
-             f"{manifest['load_average']['after'][0]:.2f}. Wall {summary['wall_s']:.0f} s, "
-             f"{summary['requests']} requests.", ""]
-    if summary["error"]:
-        parts += [f"> **PARTIAL RESULTS**: the run stopped: {summary['error']}", ""]
-    parts += [f"> **WARNING**: {w}" for w in summary.get("warnings", [])]
-    if len(eps) > 1:
-        parts += ["## B vs A per category", ""]
-        parts += [f"- **{v['category']}** (T={v['temperature']:g}, {v['max_new_tokens']} tokens): is B faster? "
-                  f"{v['evidence']}" for v in summary["verdicts"]]
-        parts += ["", NOTE, "", md_table(HEADER, table_rows(summary))]
-        ident = summary["identity"]
-        parts += ["", "## Output identity at T=0", "",
-                  f"{ident['identical']}/{ident['compared']} outputs of B identical to A's (text)."
-                  if ident["compared"] else "No T=0 pairs compared."]
-        parts += [f"- {d['category']} #{d['prompt_index']} ({d['request_id']}): first difference at character "
-                  f"{d['first_divergence_char']} ({d['a_tokens']} vs {d['b_tokens']} tokens)"
-                  for d in ident["divergences"]]
+def header_section(run: EndpointRun, config: dict, quiet: dict | None, manifest: dict) -> Section:
+    endpoints = [{"label": e.label, "url": e.url, "model": e.model,
+                  "speculation": speculation(run.metrics_before.get(e.label, {}), run.metrics_after.get(e.label, {}))}
+                 for e in run.endpoints]
+    data = {"mode": "endpoint", "config": config, "error": run.error, "partial": run.error is not None,
+            "endpoints": endpoints, "requests": len(run.requests), "quiet_wait": quiet,
+            "wall_s": (run.ended or run.started) - run.started}
+    md = [*[f"- {e['label']}: {e['url']} (model `{e['model']}`)" for e in endpoints], "",
+          f"CPU of this client: {manifest['machine']['cpu_model']}, {manifest['machine']['cores']} cores. "
+          f"Load average before {manifest['load_average']['before'][0]:.2f}, after "
+          f"{manifest['load_average']['after'][0]:.2f}. Wall {data['wall_s']:.0f} s, {len(run.requests)} requests."]
+    return Section("speclm bench report: endpoints", data, md)
+
+
+def b_vs_a_section(rows: list[dict], compared: bool) -> Section:
+    """Is B faster than A, per category (report.md and console only with two endpoints)."""
+    verdicts = b_vs_a(rows)
+    body = table_rows(rows)
+    md = [f"- **{v['category']}** (T={v['temperature']:g}, {v['max_new_tokens']} tokens): is B faster? "
+          f"{v['evidence']}" for v in verdicts] + ["", NOTE, "", md_table(HEADER, body)]
+    console = [console_table("speclm bench --endpoint: B vs A per category (same prompts, interleaved)", HEADER, body),
+               *[f"is B faster for [bold]{escape(v['category'])}[/] (T={v['temperature']:g})? "
+                 f"{escape(v['evidence'])}" for v in verdicts]]
+    return Section("B vs A per category", {"rows": rows, "verdicts": verdicts}, md if compared else None,
+                   console if compared else [])
+
+
+def identity_section(requests: Sequence[dict], compared: bool) -> Section:
+    idents = [r["identity"] for r in requests if r.get("identity")]
+    diverged = [r for r in requests if r.get("identity") and not r["identity"]["identical"]]
+    ident = {"compared": len(idents), "identical": sum(1 for i in idents if i["identical"]),
+             "divergences": [{"request_id": r["request_id"], "category": r["category"],
+                              "prompt_index": r["prompt_index"], **r["identity"]} for r in diverged]}
+    md = [f"{ident['identical']}/{ident['compared']} outputs of B identical to A's (text)."
+          if ident["compared"] else "No T=0 pairs compared."]
+    md += [f"- {d['category']} #{d['prompt_index']} ({d['request_id']}): first difference at character "
+           f"{d['first_divergence_char']} ({d['a_tokens']} vs {d['b_tokens']} tokens)" for d in ident["divergences"]]
+    return Section("Output identity at T=0", {"identity": ident}, md if compared else None)
+
+
+def latency_section(requests: Sequence[dict]) -> Section:
+    rows = latency_rows(requests)
     lat = [(r["endpoint"], r["category"], f"{r['temperature']:g}", str(r["requests"]), f"{r['tokens_per_s']:.1f}",
-            _dist_cell(r["ttft_ms"]), _dist_cell(r["tpot_ms"]), _dist_cell(r["itl_ms"])) for r in summary["latency"]]
-    parts += ["", "## Latency per endpoint (ms, client side)", "",
-              "TTFT: request → first content; per-token: (last − first content) / (tokens − 1); ITL: gaps between "
-              "streamed deltas (a delta carrying a speculative round's tokens is one gap).", "",
-              md_table(("endpoint", "category", "T", "requests", "tok/s", "TTFT p50/p95/p99", "per-token p50/p95/p99",
-                        "ITL p50/p95/p99"), lat)]
-    if summary["concurrency"]:
-        conc = [(c["endpoint"], str(c["concurrency"]), f"{c['temperature']:g}", str(c["requests"]),
-                 f"{c['throughput_tok_s']:.1f}", _dist_cell(c["latency_ms"]), _dist_cell(c["ttft_ms"]),
-                 _dist_cell(c["itl_ms"])) for c in summary["concurrency"]]
-        parts += ["", "## Throughput under concurrency", "", "N closed-loop clients, every prompt once.", "",
-                  md_table(("endpoint", "N", "T", "requests", "tok/s", "latency p50/p95/p99", "TTFT p50/p95/p99",
-                            "ITL p50/p95/p99"), conc)]
-    parts += ["", "## Speculation metrics (the servers' /metrics, after − before)", "",
-              "Counter differences over this run (other traffic to the server included).", "",
-              md_table(("endpoint", "source", "drafted", "accepted", "acceptance rate", "mean acceptance length",
-                        "per-position acceptance"), _spec_rows(summary)), ""]
-    return "\n".join(parts)
+            quantiles(r["ttft_ms"], ".1f"), quantiles(r["tpot_ms"], ".1f"), quantiles(r["itl_ms"], ".1f"))
+           for r in rows]
+    md = ["TTFT: request → first content; per-token: (last − first content) / (tokens − 1); ITL: gaps between "
+          "streamed deltas (a delta carrying a speculative round's tokens is one gap).", "",
+          md_table(("endpoint", "category", "T", "requests", "tok/s", "TTFT p50/p95/p99", "per-token p50/p95/p99",
+                    "ITL p50/p95/p99"), lat)]
+    console = [f"{r['endpoint']} {escape(r['category'])} T={r['temperature']:g}: {r['tokens_per_s']:.1f} tok/s, "
+               f"TTFT p50/p95/p99 {quantiles(r['ttft_ms'], '.1f')} ms, ITL {quantiles(r['itl_ms'], '.1f')} ms"
+               for r in rows]
+    return Section("Latency per endpoint (ms, client side)", {"latency": rows}, md, console)
 
 
-def print_console(summary: dict, console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-    if len(summary["endpoints"]) > 1:
-        table = Table(title="speclm bench --endpoint: B vs A per category (same prompts, interleaved)")
-        for i, name in enumerate(HEADER):
-            table.add_column(escape(name), justify="left" if i < 2 else "right")
-        for row in table_rows(summary):
-            table.add_row(*map(escape, row))
-        console.print(table)
-        for v in summary["verdicts"]:
-            console.print(f"is B faster for [bold]{escape(v['category'])}[/] (T={v['temperature']:g})? "
-                          f"{escape(v['evidence'])}")
-    for r in summary["latency"]:
-        console.print(f"{r['endpoint']} {escape(r['category'])} T={r['temperature']:g}: {r['tokens_per_s']:.1f} tok/s, "
-                      f"TTFT p50/p95/p99 {_dist_cell(r['ttft_ms'])} ms, ITL {_dist_cell(r['itl_ms'])} ms")
-    for c in summary["concurrency"]:
-        console.print(f"{c['endpoint']} N={c['concurrency']}: {c['throughput_tok_s']:.1f} tok/s")
-    for e in summary["endpoints"]:
-        s = e["speculation"]
-        if s.get("source") and s.get("acceptance_rate") is not None:
-            console.print(f"{e['label']} /metrics ({s['source']}): acceptance rate {s['acceptance_rate']:.3f}, "
-                          f"mean acceptance length {s['mean_acceptance_length'] or 0:.2f}")
+def concurrency_section(rows: list[dict]) -> Section:
+    conc = [(c["endpoint"], str(c["concurrency"]), f"{c['temperature']:g}", str(c["requests"]),
+             f"{c['throughput_tok_s']:.1f}", quantiles(c["latency_ms"], ".1f"), quantiles(c["ttft_ms"], ".1f"),
+             quantiles(c["itl_ms"], ".1f")) for c in rows]
+    md = ["N closed-loop clients, every prompt once.", "",
+          md_table(("endpoint", "N", "T", "requests", "tok/s", "latency p50/p95/p99", "TTFT p50/p95/p99",
+                    "ITL p50/p95/p99"), conc)]
+    console = [f"{c['endpoint']} N={c['concurrency']}: {c['throughput_tok_s']:.1f} tok/s" for c in rows]
+    return Section("Throughput under concurrency", {"concurrency": rows}, md if rows else None, console)
 
 
-def write_outputs(out_dir: Path, summary: dict, manifest: dict) -> Path:
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    report = out_dir / "report.md"
-    report.write_text(render_markdown(summary, manifest), encoding="utf-8")
-    return report
+def speculation_section(endpoints: Sequence[dict]) -> Section:
+    md = ["Counter differences over this run (other traffic to the server included).", "",
+          md_table(("endpoint", "source", "drafted", "accepted", "acceptance rate", "mean acceptance length",
+                    "per-position acceptance"), _spec_rows(endpoints)), ""]
+    console = [f"{e['label']} /metrics ({s['source']}): acceptance rate {s['acceptance_rate']:.3f}, "
+               f"mean acceptance length {s['mean_acceptance_length'] or 0:.2f}"
+               for e in endpoints if (s := e["speculation"]).get("source") and s.get("acceptance_rate") is not None]
+    return Section("Speculation metrics (the servers' /metrics, after − before)", markdown=md, console=console)
+
+
+def endpoint_sections(run: EndpointRun, config: dict, quiet: dict | None, manifest: dict,
+                      warnings: Sequence[str]) -> list[Section]:
+    """The report of `run`, in report.md's order."""
+    header = header_section(run, config, quiet, manifest)
+    compared = len(run.endpoints) > 1
+    error = [f"> **PARTIAL RESULTS**: the run stopped: {run.error}"] if run.error else None
+    return [header, Section(None, markdown=error), warnings_section(warnings),
+            b_vs_a_section(group_rows([as_bench(r) for r in run.requests]), compared),
+            identity_section(run.requests, compared), latency_section(run.requests),
+            concurrency_section(run.concurrency), speculation_section(header.data["endpoints"])]

@@ -1,5 +1,5 @@
-"""One request's record: its figures (design note §2 names), its CPU share and
-whether it was starved (contamination.py), and the thread count it is judged by."""
+"""One request's record: its figures (named as in docs/design.md#metrics), its CPU share
+and whether it was starved (trust/starvation.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from ..metrics import GenerationResult
 from ..sampling import SamplingParams
 from .trust import starvation
 from .trust.policy import TrustPolicy
-from .heads_report import heads_counts
-from .report import acceptance_from_counts, round_counts
+from .analysis.counts import acceptance_from_counts, heads_counts, round_counts, ssd_counts
 
 
 def peak_rss_mb() -> float:
@@ -21,7 +20,7 @@ def peak_rss_mb() -> float:
 
 
 def request_record(result: GenerationResult, meta: dict) -> dict:
-    """One request's figures (design note §2 names) merged into `meta`."""
+    """One request's figures merged into `meta`."""
     s = result.summary
     counts = round_counts(result.rounds)
     acc = acceptance_from_counts(counts)
@@ -41,24 +40,6 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
             "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
             "target": result.target, "draft": result.draft, "text": result.text,
             "token_ids": result.token_ids, **ssd_counts(result.rounds), **heads_counts(result.rounds)}
-
-
-def ssd_counts(rounds) -> dict:
-    """SSD rounds only: cache hits overall and by the outcome k they answered, and the
-    verifier's wait for blocks ({} when no round went through a speculator)."""
-    ssd = [r.info for r in rounds if r.info and "hit" in r.info]
-    if not ssd:
-        return {}
-    by_k: dict[str, list[int]] = {}
-    for info in ssd:
-        if "outcome_k" in info:
-            h_n = by_k.setdefault(str(info["outcome_k"]), [0, 0])
-            h_n[0] += bool(info["hit"])
-            h_n[1] += 1
-    return {"cache_rounds": len(ssd), "cache_hits": sum(bool(i["hit"]) for i in ssd), "cache_hits_by_k": by_k,
-            "speculator_wait_ms": sum(i.get("wait_ms", 0.0) for i in ssd),
-            "speculator_wait_hit_ms": sum(i.get("wait_ms", 0.0) for i in ssd if i["hit"]),
-            "speculator_busy_ms": sum(i.get("busy_ms", 0.0) for i in ssd)}
 
 
 def timed(arm, scope: str, ids: list[int], params: SamplingParams, head: dict, threads: int | None,

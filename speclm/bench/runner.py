@@ -44,7 +44,7 @@ from ..metrics import GenerationResult
 from ..sampling import SamplingParams
 from ..speculative.identity import compare_greedy
 from .records import peak_rss_mb, timed
-from .report import distribution
+from .analysis.distributions import distribution
 from .setup.config import Arm, BenchConfig, make_arms
 from .setup.methods import BASELINE
 from .trust import starvation

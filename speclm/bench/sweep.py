@@ -7,24 +7,23 @@ draft's LLM over the same loaded target. The drafts stay loaded for the
 whole run. `--target/--draft` is a sweep of one.
 
 Per model it also records file, size and sha256 (manifest.describe_model),
-the score-cost curve v(k) (speclm.bench.compare.time_blocks after the
-target's requests, median of V_REPEATS) and, with `variant_quality`,
-perplexity on compare's text set and teacher-forced greedy agreement with
-the first target (compare.measure_quality). Timings of different targets
+the score-cost curve v(k) (speclm.costs.time_blocks after the target's
+requests, median of V_REPEATS) and, with `variant_quality`, perplexity on
+the quality text set and teacher-forced greedy agreement with the first
+target (analysis/quality.py). Timings of different targets
 are not interleaved (one target is loaded at a time); each speedup is
 against the AR requests of its own target, interleaved per prompt.
 
 `write_outputs` writes summary.json (with a "variants" section for a sweep),
-manifest.json, report.md and plots for any BenchRun.
+manifest.json, report.md and plots for any BenchRun, all from one list of
+sections (output/report.py), which it returns for the console.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,21 +36,21 @@ from ..backends.load import load_backend
 from ..backends.base import Backend
 from ..costs import time_blocks, time_curve
 from ..errors import InvalidRequestError
-from . import ceiling, compare
+from .analysis import ceiling, quality
+from .analysis.groups import group_rows
+from .analysis.variants import V_KS, V_REPEATS, build_variants
 from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from ..models.catalog import resolve_model
 from ..models.variants import SEP
 from .manifest import build_manifest, describe_model
-from .setup.methods import BASELINE, TABLE, parse_methods
-from .plots import write_plots
-from .report import pair_with_ar, speedup_stats
-from .summary import build_summary, render_markdown
+from .output.plots import write_plots
+from .output.report import bench_sections
+from .output.sections import write_report
+from .setup.methods import TABLE
 from .runner import BenchRun, TraceSink, encode_prompts, run_bench
 from .setup.config import BenchConfig, make_arms
 from .setup.workloads import Prompt, prompt_set_hash
 
-V_KS = (1, 4, 8, 16)
-V_REPEATS = 3
 QUALITY_TEXTS = 8  # HumanEval problems added to the perplexity text set (as `speclm models compare`)
 
 
@@ -86,16 +85,16 @@ def plan_models(target: str | None, targets: list[str] | None, draft: str | None
     return SweepPlan(tlist, dlist)
 
 
-def _model_entry(d: dict, quality: compare.Quality) -> dict:
+def _model_entry(d: dict, q: quality.Quality) -> dict:
     """A model's line in the variants section, from its describe_model dict and quality pass."""
     return {"name": d["name"], "file": d.get("path"), "size": d.get("size"), "sha256": d.get("sha256"),
-            "source": d.get("source"), "quant": d.get("quant"), "perplexity": quality.perplexity,
-            "ppl_tokens": quality.ppl_tokens, "agreement": quality.agreement, "agreement_note": quality.note}
+            "source": d.get("source"), "quant": d.get("quant"), "perplexity": q.perplexity,
+            "ppl_tokens": q.ppl_tokens, "agreement": q.agreement, "agreement_note": q.note}
 
 
 def _time_v(backend: Backend, tokens: list[list[int]]) -> dict:
-    context, block = compare.timing_block(tokens, max(V_KS))
-    return compare.v_summary(time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
+    context, block = quality.timing_block(tokens, max(V_KS))
+    return quality.v_summary(time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
 
 
 def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict], cfg: BenchConfig,
@@ -155,10 +154,10 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
     """Run the sweep over plan's targets × drafts and write every output into out_dir
     (see write_outputs). Returns {"summary", "manifest", "report"}. kernels: as
     `LLM(kernels=...)`; every model's choice is in the manifest."""
-    if variant_quality and n_ctx < compare.N_CTX:
-        raise InvalidRequestError(f"--variant-quality scores texts of up to {compare.N_CTX} tokens: "
-                                  f"raise --n-ctx to {compare.N_CTX} or more")
-    texts = compare.load_texts(QUALITY_TEXTS if variant_quality else 0)
+    if variant_quality and n_ctx < quality.N_CTX:
+        raise InvalidRequestError(f"--variant-quality scores texts of up to {quality.N_CTX} tokens: "
+                                  f"raise --n-ctx to {quality.N_CTX} or more")
+    texts = quality.load_texts(QUALITY_TEXTS if variant_quality else 0)
     max_seqs = max([2, *cfg.concurrency])
     n_arms = sum(len(plan.drafts) if m.needs_draft else 1 for m, _ in cfg.configs())
     n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * n_arms
@@ -176,18 +175,18 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
     try:
         for name in plan.drafts:
             be = load_backend(name, n_ctx, threads, max_seqs, kernels, "decoding")
-            q = compare.measure_quality(be, texts, run=False)
+            q = quality.measure_quality(be, texts, run=False)
             described[name] = describe_model(name, be) or {}
             drafts[name] = be, {**_model_entry(described[name], q), **_time_v(be, q.tokens)}
-        ref: compare.Quality | None = None
+        ref: quality.Quality | None = None
         for name in plan.targets:
             tb = load_backend(name, n_ctx, threads, max_seqs, kernels)
             try:
                 used_threads = used_threads or tb.n_threads
-                q = compare.measure_quality(tb, texts, ref, run=variant_quality)
+                q = quality.measure_quality(tb, texts, ref, run=variant_quality)
                 if ref is None and variant_quality:  # drafts: perplexity and agreement with the first target
                     for be, entry in drafts.values():
-                        dq = compare.measure_quality(be, texts, q)
+                        dq = quality.measure_quality(be, texts, q)
                         entry.update(perplexity=dq.perplexity, ppl_tokens=dq.ppl_tokens,
                                      agreement=dq.agreement, agreement_note=dq.note)
                 ref = ref or q
@@ -239,91 +238,9 @@ def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path,
     finally:
         bars.stop()
         sink.close()
-    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
     return write_outputs(out_dir, run, cfg, prompts, targets=[describe_model(target_spec, llm.target)],
-                         drafts=[describe_model(draft_spec, llm.draft)] if uses_draft else [],
+                         drafts=[describe_model(draft_spec, llm.draft)] if cfg.uses_draft() else [],
                          threads=threads or getattr(llm.target, "n_threads", None), dataset=dataset)
-
-
-def _tok_s(recs: Sequence[dict]) -> float | None:
-    wall = sum(r["wall_ms"] for r in recs)
-    return 1000.0 * sum(r["output_tokens"] for r in recs) / wall if wall > 0 else None
-
-
-def variant_rows(requests: Sequence[dict], targets: Sequence[dict], drafts: Sequence[dict]) -> list[dict]:
-    """One row per target × draft (per target when no draft ran): the target's AR tok/s
-    and v(k), and the draft config (method, K) with the most accepted progress per ms
-    (Σ output tokens / Σ wall ms, speclm.metrics' definition) with its speedup vs AR."""
-    rows = []
-    for t in targets:
-        mine = [r for r in requests if r.get("target_name") == t["name"]]
-        pairs = pair_with_ar(mine)
-        for d in drafts or [None]:
-            configs: dict[tuple, list[dict]] = defaultdict(list)
-            for r in mine:
-                if r["method"] != BASELINE and (d is None or r.get("draft_name") == d["name"]):
-                    configs[(r["method"], r["k"])].append(r)
-            by_config = []
-            for (method, k), recs in configs.items():
-                ids = {id(r) for r in recs}
-                sp = speedup_stats([(m, a) for m, a in pairs if id(m) in ids])
-                tok_s = _tok_s(recs)
-                by_config.append({"method": method, "k": k, "tok_s": tok_s, "speedup": sp["speedup"],
-                                  "decode_speedup": sp["decode_speedup"],
-                                  "accepted_progress_per_ms": None if tok_s is None else tok_s / 1000.0})
-            best = max(by_config, key=lambda c: c["tok_s"] or 0.0, default=None)
-            rows.append({"target": t["name"], "target_file": t["file"], "target_size": t["size"],
-                         "draft": d and d["name"], "draft_file": d and d["file"], "draft_size": d and d["size"],
-                         "target_perplexity": t["perplexity"], "draft_perplexity": d and d["perplexity"],
-                         "agreement": t["agreement"], "ar_tok_s": _tok_s([r for r in mine if r["method"] == BASELINE]),
-                         "v_ms": t["v_ms"], "best": best and {"method": best["method"], "k": best["k"]},
-                         "sd_tok_s": best and best["tok_s"], "speedup": best and best["speedup"],
-                         "accepted_progress_per_ms": best and best["accepted_progress_per_ms"],
-                         "by_config": by_config})
-    return rows
-
-
-def best_pair(rows: Sequence[dict], reference: dict) -> tuple[dict | None, str]:
-    """(the row with the most accepted progress per ms, a sentence naming it and its
-    perplexity cost against the reference (shipped) target)."""
-    cands = [r for r in rows if r["accepted_progress_per_ms"] is not None]
-    if not cands:
-        return None, "No speculative method ran: no pair to name."
-    b = max(cands, key=lambda r: r["accepted_progress_per_ms"])
-    pair = b["target"] + (f" + draft {b['draft']}" if b["draft"] else "")
-    out = {"target": b["target"], "draft": b["draft"], **b["best"],
-           "accepted_progress_per_ms": b["accepted_progress_per_ms"], "perplexity": b["target_perplexity"],
-           "reference": reference["name"], "reference_perplexity": reference["perplexity"],
-           "perplexity_cost": None, "perplexity_cost_pct": None}
-    text = (f"Best pair by accepted progress per ms: {pair} ({b['best']['method']} K={b['best']['k']}), "
-            f"{b['accepted_progress_per_ms']:.4f} tokens/ms ({b['sd_tok_s']:.1f} tok/s, "
-            f"{b['speedup']:.2f}× its own AR). ")
-    if b["target_perplexity"] is None or reference["perplexity"] is None:
-        text += "Perplexity cost not measured: rerun with --variant-quality."
-    elif b["target"] == reference["name"]:
-        out.update(perplexity_cost=0.0, perplexity_cost_pct=0.0)
-        text += f"It keeps the shipped target (perplexity {reference['perplexity']:.3f}): no perplexity cost."
-    else:
-        cost = b["target_perplexity"] - reference["perplexity"]
-        out.update(perplexity_cost=cost, perplexity_cost_pct=100.0 * cost / reference["perplexity"])
-        text += (f"Perplexity {b['target_perplexity']:.3f} vs {reference['perplexity']:.3f} for the shipped "
-                 f"{reference['name']} ({cost:+.3f}, {out['perplexity_cost_pct']:+.1f}%).")
-    fastest_ar = max(rows, key=lambda r: r["ar_tok_s"] or 0.0)
-    if fastest_ar["ar_tok_s"] and fastest_ar["ar_tok_s"] > (b["sd_tok_s"] or 0.0):
-        text += f" Plain decoding of {fastest_ar['target']} is faster still ({fastest_ar['ar_tok_s']:.1f} tok/s)."
-    return out, text
-
-
-def build_variants(requests: Sequence[dict], targets: list[dict], drafts: list[dict], *, quality: bool,
-                   text_labels: list[str]) -> dict:
-    """summary.json's "variants" section."""
-    rows = variant_rows(requests, targets, drafts)
-    best, sentence = best_pair(rows, targets[0])
-    return {"reference": targets[0]["name"], "ks": list(V_KS), "v_repeats": V_REPEATS,
-            "v_context_tokens": compare.CONTEXT, "quality": quality,
-            "texts": text_labels if quality else None,
-            "targets": targets, "drafts": drafts,
-            "rows": rows, "best": best, "best_sentence": sentence}
 
 
 def write_outputs(out_dir: Path, run: BenchRun, cfg: BenchConfig, prompts: Sequence[Prompt], *,
@@ -331,23 +248,17 @@ def write_outputs(out_dir: Path, run: BenchRun, cfg: BenchConfig, prompts: Seque
                   dataset: str | None = None, variants: dict | None = None,
                   ceilings: list[dict] | None = None) -> dict:
     """summary.json, manifest.json, report.md and plots of `run`; `targets`/`drafts` are
-    describe_model dicts (the first of each heads the manifest)."""
-    summary = build_summary(run, cfg.to_dict())
-    if variants is not None:
-        summary["variants"] = variants
-    if ceilings:
-        summary["copy_ceiling"] = ceilings
-    uses_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
-    drafts = drafts if uses_draft else []
+    describe_model dicts (the first of each heads the manifest). Returns {"summary",
+    "manifest", "report" (report.md's path), "sections" (for the console)}."""
+    drafts = drafts if cfg.uses_draft() else []
     manifest = build_manifest(
         target=targets[0], draft=drafts[0] if drafts else None, targets=targets, drafts=drafts,
         config=cfg.to_dict(), prompts_hash=prompt_set_hash(prompts), n_prompts=len(prompts),
         categories=list(dict.fromkeys(p.category for p in prompts)), dataset=dataset,
         threads=threads, seed=cfg.seed, load_before=run.load_before,
         load_after=run.load_after, started=run.started, ended=run.ended)
-    plots = write_plots(summary, run.requests, out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    report = out_dir / "report.md"
-    report.write_text(render_markdown(summary, manifest, plots), encoding="utf-8")
-    return {"summary": summary, "manifest": manifest, "report": report}
+    rows = group_rows(run.requests)
+    plots = write_plots(rows, run.concurrency, run.requests, out_dir)
+    sections = bench_sections(run, cfg.to_dict(), manifest, rows, plots, variants=variants, ceilings=ceilings)
+    summary, report = write_report(out_dir, sections, manifest)
+    return {"summary": summary, "manifest": manifest, "report": report, "sections": sections}

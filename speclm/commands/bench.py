@@ -22,16 +22,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from .options import add_kernels_option, add_spec_options, spec_from_args, speculator_config
 from ..errors import InvalidRequestError
 from ..prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
 from ..sampling import SamplingParams
 from ..bench.trust.policy import TrustPolicy
-from ..bench.trust.starvation import headline
 from ..bench.setup.methods import BENCH_DEFAULT, bench_methods, parse_methods
-from ..bench.report import MAIN_HEADER, identity_note, table_rows
+from ..bench.output.sections import print_sections
 from ..bench.setup.config import BenchConfig
 from ..bench.trust.quiet import busy_warning
 from ..bench.sweep import plan_models, run_sweep
@@ -165,41 +163,6 @@ def load_prompts(dataset: str | None, categories: list[str] | None, n: int | Non
     return select(pool, categories, n)
 
 
-def print_main_table(summary: dict, console: Console | None = None) -> None:
-    """The main table, the verdicts and any warnings (rich)."""
-    if console is None:
-        console = Console(highlight=False)
-        if not console.is_terminal:
-            console.width = max(console.width, 150)
-    table = Table(title="speclm bench: speedup vs AR (same prompts, same run)")
-    for i, name in enumerate(MAIN_HEADER):
-        table.add_column(escape(name), justify="left" if i < 2 else "right")
-    for row in table_rows(summary):
-        table.add_row(*map(escape, row))
-    console.print(table)
-    several = len({v.get("target") for v in summary["verdicts"]}) > 1
-    for v in summary["verdicts"]:
-        on = f" on {escape(v.get('target_name') or str(v.get('target')))}" if several else ""
-        console.print(f"enable speculation for [bold]{escape(v['category'])}[/]{on} (T={v['temperature']:g})? "
-                      f"{escape(v['evidence'] + identity_note(v))}")
-    for c in summary.get("copy_ceiling", []):
-        on = f" on {escape(c['target_name'])}" if several else ""
-        console.print(f"copy ceiling for {escape(c['category'])}{on}: a perfect controller would reach "
-                      f"{c['drafter_ceiling']:.2f}× AR decode-only with these suffix drafts, "
-                      f"{c['best_ceiling']:.2f}× with the best copy (report.md)")
-    if summary.get("variants"):
-        console.print(escape(summary["variants"]["best_sentence"]))
-    for r in summary.get("ssd_projection", []):
-        console.print(f"ssd K={r['k']} {escape(r['category'])} (T={r['temperature']:g}): cache hit rate "
-                      f"{r['inputs']['hit_rate']:.2f}, measured {r['ssd_decode_tok_s_measured']:.1f} decode tok/s here; "
-                      f"[bold]PROJECTION[/] with its own equal hardware {r['ssd_decode_tok_s_projected']:.1f} tok/s "
-                      f"= {r['projected_vs_sd']:.2f}× sd-draft K={r['k']} modelled alike (not measured; see report.md)")
-    if summary.get("contamination"):
-        console.print(f"contamination: {escape(headline(summary['contamination']))}")
-    for w in summary["warnings"]:
-        console.print(f"[bold red]WARNING:[/] {escape(w)}")
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     """Entry point of `speclm bench`."""
     endpoint = getattr(args, "endpoint", None) or getattr(args, "endpoint_b", None)
@@ -220,6 +183,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out = run_sweep(plan, prompts, cfg, out_dir, n_ctx=args.n_ctx, threads=args.threads, dataset=args.dataset,
                     variant_quality=args.variant_quality, progress=True, speculator=speculator_config(args),
                     kernels=args.kernels)
-    print_main_table(out["summary"])
+    print_sections(out["sections"])
     print(f"report: {out['report']}")
     return 0

@@ -13,13 +13,12 @@ import os
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from ..errors import InvalidRequestError, SpeclmError
 from ..bench.trust.quiet import wait_for_quiet
 from ..bench.endpoint import EndpointError, EndpointRun, base_url, connect, run_concurrency, run_sequential
 from ..bench.endpoint_metrics import scrape
 from ..bench.manifest import build_manifest
+from ..bench.output.sections import print_sections, write_report
 from ..bench.setup.workloads import prompt_set_hash
 
 NOT_WITH_ENDPOINT = ("target", "targets", "draft", "drafts", "methods", "k", "variant_quality",
@@ -59,7 +58,7 @@ def check_endpoint_args(args: argparse.Namespace) -> None:
 def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
     """`speclm bench --endpoint URL [--endpoint-b URL]`: `v` the resolved flags
     (bench.cli.resolve_args), `prompts` the prompt set they select."""
-    from ..bench.endpoint_report import build_summary, print_console, write_outputs
+    from ..bench.endpoint_report import endpoint_sections
     cfg = v["config"]
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +69,6 @@ def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
     cfg.observed.waits.append(quiet)
     run = EndpointRun([])
     requests = open(out_dir / "requests.jsonl", "w", encoding="utf-8")
-    err = Console(stderr=True, highlight=False)
 
     def write(rec: dict) -> None:
         import json
@@ -98,8 +96,7 @@ def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
         run.ended = time.time()
     config = {**{k: v for k, v in cfg.to_dict().items() if k not in ("methods", "ks", "base_spec")},
               "endpoints": {"A": args.endpoint, "B": args.endpoint_b}, "request_timeout_s": args.request_timeout}
-    summary = build_summary(run, config, quiet)
-    summary["warnings"] = [] if quiet["quiet"] or not cfg.trust.wait_quiet_s else [
+    warnings = [] if quiet["quiet"] or not cfg.trust.wait_quiet_s else [
         f"this machine never got quiet (load {quiet['loads'][-1][1]:.2f} >= {quiet['threshold']:.2f}): if a server "
         "runs here, its timings are noisy"]
     manifest = build_manifest(
@@ -107,16 +104,12 @@ def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
         categories=list(dict.fromkeys(p.category for p in prompts)), dataset=args.dataset, threads=None,
         seed=cfg.seed, load_before=load_before, load_after=os.getloadavg(), started=run.started, ended=run.ended,
         extra={"endpoints": [{"label": e.label, "url": e.url, "model": e.model} for e in run.endpoints]})
-    report = write_outputs(out_dir, summary, manifest)
+    sections = endpoint_sections(run, config, quiet, manifest, warnings)
+    _, report = write_report(out_dir, sections, manifest)
     if failure is not None:
         if isinstance(failure, SpeclmError):
             raise EndpointError(f"{failure} (partial results in {out_dir})") from None
         raise failure
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = max(console.width, 150)
-    print_console(summary, console)
-    for w in summary["warnings"]:
-        err.print(f"WARNING: {w}")
+    print_sections(sections)
     print(f"report: {report}")
     return 0

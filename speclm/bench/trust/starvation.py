@@ -18,7 +18,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from ...speculative.methods import METHODS as TABLE
-from ..tables import md_table
 
 cpu_clock: Callable[[], float] = time.process_time  # CPU seconds of this process (a test may replace it)
 
@@ -89,47 +88,3 @@ def summarize(requests: Sequence[dict], contamination: dict | None) -> dict | No
                                "prompt_index": r["prompt_index"], "method": r["method"], "k": r["k"],
                                "cpu_share": r.get("cpu_share"), "why_not_rerun": why_left.get(r["request_id"])}
                               for r in still]}
-
-
-def headline(c: dict) -> str:
-    """One sentence: flagged, re-run (why), recovered, still starved."""
-    p = c["policy"]
-    by = ", ".join(f"{n} {why}" for why, n in c["reruns_by_reason"].items()) or "none"
-    text = (f"{c['flagged']} of {c['checked']} checked requests starved of CPU (share < {p['min_cpu_share']:g} × "
-            f"threads); {c['reruns']} re-run generations ({by}; cap {c['rerun_cap']}), "
-            f"{c['recovered']} recovered, {len(c['still_starved'])} still starved")
-    waits = [w for w in c["waits"] if w["max_wait_s"] > 0]
-    if waits:
-        w = waits[-1]
-        text += (f"; waited {w['waited_s']:g} s for quiet (load {w['loads'][-1][1]:.2f}, threshold "
-                 f"{w['threshold']:.2f}: {'quiet' if w['quiet'] else 'never quiet'})")
-    return text + "."
-
-
-def render(c: dict | None, reruns: Sequence[dict] = ()) -> list[str]:
-    """The "Contamination" section of report.md."""
-    if not c:
-        return []
-    p = c["policy"]
-    parts = ["", "## Contamination (CPU starvation) and re-runs", "",
-             f"A request is starved when its process CPU share (CPU s / wall s) is below "
-             f"{p['min_cpu_share']:g} × the threads llama.cpp computes with; it is re-run with its AR partner "
-             f"after the sweep, at most {p['max_reruns']} times each and {c['rerun_cap']} generations in all; "
-             "the last attempt is the one reported (reruns.jsonl keeps the others).", "", f"**{headline(c)}**"]
-    if reruns:
-        body = [(e["request_id"], e["category"], str(e["prompt_index"]),
-                 e["method"] + (f" K={e['k']}" if e["k"] else ""), str(e["pass"]), e["reason"],
-                 _share(e["before"]), _share(e.get("after")),
-                 f"{e['before']['wall_ms']:.0f} → {e['after']['wall_ms']:.0f}" if e.get("after") else "-")
-                for e in reruns]
-        parts += ["", md_table(("request", "category", "prompt", "method", "pass", "why", "CPU share before",
-                                "after", "wall ms"), body)]
-    if c["still_starved"]:
-        parts += ["", "Still starved (their ratios are unreliable):", ""]
-        parts += [f"- {s['request_id']} {s['category']} #{s['prompt_index']} {s['method']}: CPU share "
-                  f"{_share(s)}; {s['why_not_rerun'] or 'starved again on every re-run'}" for s in c["still_starved"]]
-    return parts
-
-
-def _share(d: dict | None) -> str:
-    return "-" if not d or d.get("cpu_share") is None else f"{d['cpu_share']:.2f}"

@@ -38,12 +38,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..sampling import SamplingParams
-from ..costs import cost_ratios
-from ..speculative.proposers.suffix import SuffixProposer
-from ..speculative.proposers.suffix_index import SuffixCache, SuffixConfig
-from .setup.methods import BASELINE
-from .tables import md_table
+from ...costs import cost_ratios
+from ...sampling import SamplingParams
+from ...speculative.proposers.suffix import SuffixProposer
+from ...speculative.proposers.suffix_index import SuffixCache, SuffixConfig
+from ..setup.methods import BASELINE
 
 MATCH = 1  # tokens an occurrence must share with the context's end to count
 REPEATS = 5  # timings per block size (median); each is noise a perfect controller would exploit
@@ -148,32 +147,3 @@ def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]
                      "best_rounds": best[1], "best_tokens_per_round": tokens / best[1],
                      "best_ceiling": tokens / best[0]})
     return rows
-
-
-def _measured(summary_rows: Sequence[dict], c: dict) -> str:
-    found = [r for r in summary_rows if r["category"] == c["category"] and r["method"] in c["methods"]
-             and r["temperature"] == 0 and r["max_new_tokens"] == c["max_new_tokens"]
-             and r.get("target_name") == c["target_name"]]
-    return ", ".join(f"{r['method']} K={r['k']} {r['decode_speedup']:.2f}×" for r in found
-                     if r.get("decode_speedup") is not None) or "-"
-
-
-def render(rows: Sequence[dict], summary_rows: Sequence[dict]) -> list[str]:
-    """The "Copy ceiling" section of report.md (empty without rows)."""
-    if not rows:
-        return []
-    several = len({r["target_name"] for r in rows}) > 1
-    body = [(c["category"] + (f" [{c['target_name']}]" if several else ""), _measured(summary_rows, c),
-             f"{c['drafter_ceiling']:.2f}× ({c['drafter_tokens_per_round']:.2f} tok/round)",
-             f"{c['best_ceiling']:.2f}× ({c['best_tokens_per_round']:.2f} tok/round)") for c in rows]
-    return ["", "## Copy ceiling (greedy)", "",
-            "Decode-only speedup over AR that a perfect controller (knowing how many drafted tokens the target "
-            "will accept, it picks every round's K for the least total cost) would reach with this run's cost "
-            "curve v(b) (timed per category after as many tokens as its average round sees), replaying the AR "
-            "outputs in run order; an estimate, which a measured figure can pass by the curve's noise. "
-            "`suffix drafter`: this run's suffix drafter with a fresh cache. `best occurrence`: an oracle "
-            "that copies the longest verbatim continuation of any earlier occurrence of the last token (what "
-            "copying could give at best). A measured figure near the first ceiling means the controller loses "
-            "little; a low ceiling means the workload offers little to copy.", "",
-            md_table(("category", "measured decode-only", "ceiling: suffix drafter", "ceiling: best occurrence"),
-                     body)]

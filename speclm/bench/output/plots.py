@@ -17,8 +17,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .setup.methods import BASELINE  # noqa: E402
-from .report import label, model_tag, models_vary  # noqa: E402
+from ..analysis.groups import label, model_tag, models_vary  # noqa: E402
+from ..setup.methods import BASELINE  # noqa: E402
 
 
 def _save(fig, path: Path) -> None:
@@ -112,16 +112,18 @@ def plot_concurrency(rows: Sequence[dict], path: Path) -> None:
     _save(fig, path)
 
 
-def write_plots(summary: dict, requests: Sequence[dict], out_dir: Path) -> list[str]:
-    """Write every plot; return their paths relative to out_dir."""
+def write_plots(rows: Sequence[dict], concurrency: Sequence[dict], requests: Sequence[dict],
+                out_dir: Path) -> list[str]:
+    """Write every plot of the group rows, concurrency rows and requests; return their
+    paths relative to out_dir."""
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
-    rows = [r for r in summary["rows"] if r["category"] != "all"]
-    jobs = [("speedup_vs_k.png", lambda p: plot_speedup_vs_k(rows, p)),
-            ("per_position_acceptance.png", lambda p: plot_per_position(summary["rows"], p)),
+    per_category = [r for r in rows if r["category"] != "all"]
+    jobs = [("speedup_vs_k.png", lambda p: plot_speedup_vs_k(per_category, p)),
+            ("per_position_acceptance.png", lambda p: plot_per_position(rows, p)),
             ("latency_cdf.png", lambda p: plot_latency_cdf(requests, p))]
-    if summary["concurrency"]:
-        jobs.append(("concurrency.png", lambda p: plot_concurrency(summary["concurrency"], p)))
+    if concurrency:
+        jobs.append(("concurrency.png", lambda p: plot_concurrency(concurrency, p)))
     for name, fn in jobs:
         fn(plot_dir / name)
     return [f"plots/{name}" for name, _ in jobs]

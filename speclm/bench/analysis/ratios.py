@@ -1,5 +1,5 @@
 """Speedup ratios over (method record, AR record) pairs of the same prompt, repeat,
-T and max_new_tokens (report.pair_with_ar). A method can stop earlier or later
+T, max_new_tokens and target (`pair_with_ar`; docs/design.md#metrics). A method can stop earlier or later
 than AR (T > 0, a divergence, a stop string), so every ratio is of time per
 token, never of raw wall time unless the lengths match:
 
@@ -22,9 +22,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
+from ..setup.methods import BASELINE
 from .distributions import distribution
 
 Pair = tuple[dict, dict]
+PAIR_KEYS = ("category", "prompt_index", "repeat", "temperature", "max_new_tokens", "target")
+
+
+def pair_with_ar(requests: Sequence[dict]) -> list[Pair]:
+    """(method record, AR record of the same prompt, repeat, T and max_new_tokens)."""
+    ar = {tuple(r.get(k) for k in PAIR_KEYS): r for r in requests if r["method"] == BASELINE}
+    return [(r, ar[key]) for r in requests
+            if r["method"] != BASELINE and (key := tuple(r.get(k) for k in PAIR_KEYS)) in ar]
 
 
 def _per(recs: Sequence[dict], ms: Callable[[dict], float], tokens: Callable[[dict], float | None]) -> float | None:
@@ -91,17 +100,3 @@ def worth_it(row: dict) -> bool:
     p50, total = row["speedup_dist"]["p50"], row["speedup"]
     return (p50 is not None and total is not None and p50 > 1.0 and total > 1.0
             and row["prompts_faster"] * 2 > row["prompts"])
-
-
-def fmt_x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}×"
-
-
-def wall_cell(row: dict) -> str:
-    """'1.25× [4/4]': the Σ-wall ratio over the pairs of equal length, and how many those are."""
-    return f"{fmt_x(row.get('wall_speedup'))} [{row.get('same_length', 0)}/{row.get('pairs', 0)}]"
-
-
-def identity_cell(row: dict) -> str:
-    ident = row.get("identity")
-    return "-" if not ident else f"{ident['identical']}/{ident['compared']}"

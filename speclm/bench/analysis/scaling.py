@@ -12,7 +12,7 @@ ratio of two rows is trusted only when the rows ran next to each other. For ever
                None without an N = 1 row.
 
 Rows are matched on (temperature, repeat, concurrency) and, in a variant sweep, the
-target they ran on; a starved row (runner.starved) makes its pairs unreliable and is
+target they ran on; a starved row (trust/starvation.py) makes its pairs unreliable and is
 counted in `starved`.
 """
 
@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from .distributions import distribution
-from .setup.methods import BASELINE
+from ..setup.methods import BASELINE
 
 MODEL_KEYS = ("target", "draft", "target_name", "draft_name")
 
@@ -59,23 +59,3 @@ def paired(rows: Sequence[dict]) -> list[dict]:
                     "vs_ar": _spread(vs_ar), "below_ar": sum(1 for x in vs_ar if x < 1.0),
                     "vs_ar_1": _spread(vs_ar_1)})
     return sorted(out, key=lambda e: (e["temperature"], e["concurrency"], e["method"] != BASELINE))
-
-
-def _cell(s: dict | None, unit: str = "×", spec: str = ".2f") -> str:
-    if s is None:
-        return "-"
-    if s["n"] == 1:
-        return f"{s['p50']:{spec}}{unit}"
-    return f"{s['p50']:{spec}}{unit} [{s['min']:{spec}}–{s['max']:{spec}}]"
-
-
-def table(entries: Sequence[dict], label) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """report.md's paired table: header and rows (`label(entry)` names the config)."""
-    header = ("N", "method", "T", "repeats", "tok/s median [min–max]", "vs AR at this N", "below AR",
-              "vs AR at N=1")
-    rows = [(str(e["concurrency"]), label(e), f"{e['temperature']:g}",
-             str(e["repeats"]) + (f" ({e['starved']} starved)" if e["starved"] else ""),
-             _cell(e["tok_s"], "", ".1f"), _cell(e["vs_ar"]) if e["method"] != BASELINE else "(base)",
-             f"{e['below_ar']}/{e['vs_ar']['n']}" if e["vs_ar"] else "-", _cell(e["vs_ar_1"]))
-            for e in entries]
-    return header, rows

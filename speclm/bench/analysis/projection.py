@@ -26,8 +26,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ..speculative.methods import METHODS as TABLE
-from .tables import md_table, merge_counts
+from ...costs import round_cost
+from ...speculative.methods import METHODS as TABLE
+from .counts import merge_counts
 
 
 def _decode_tok_s(recs: Sequence[dict]) -> float | None:
@@ -62,9 +63,10 @@ def project(requests: Sequence[dict]) -> list[dict]:
             w_hit = sum(r.get("speculator_wait_hit_ms", 0.0) for r in ssd) / hits if hits else 0.0
             k_bar = c_ssd["proposed"] / c_ssd["rounds"]
             length = c_ssd["emitted"] / c_ssd["rounds"]
-            round_ms = v + o + h * w_hit + (1 - h) * k_bar * d
+            # a hit waits w_hit for its block, a miss drafts K̄ tokens serially at d each
+            round_ms = round_cost((1 - h) * k_bar, d, v, o + h * w_hit)
             projected = 1000.0 * length / round_ms
-            sd_model = 1000.0 * (c_sd["emitted"] / c_sd["rounds"]) / (v + o + c_sd["proposed"] / c_sd["rounds"] * d)
+            sd_model = 1000.0 * (c_sd["emitted"] / c_sd["rounds"]) / round_cost(c_sd["proposed"] / c_sd["rounds"], d, v, o)
             ar = _decode_tok_s(next((recs for (m, _, _), recs in by.items() if m == "ar"), []))
             sd_tok_s = _decode_tok_s(sd)
             rows.append({"category": cat, "target_name": target, "draft_name": draft, "temperature": temp,
@@ -78,26 +80,3 @@ def project(requests: Sequence[dict]) -> list[dict]:
                                     "mean_acceptance_length_ssd": length,
                                     "mean_acceptance_length_sd": c_sd["emitted"] / c_sd["rounds"]}})
     return rows
-
-
-def render(rows: Sequence[dict]) -> list[str]:
-    """The report.md section (empty without ssd and sd-draft rows at a common K)."""
-    if not rows:
-        return []
-
-    def f(x, spec=".1f"):
-        return "-" if x is None else format(x, spec)
-
-    body = [(r["category"], str(r["k"]), f"{r['temperature']:g}", f(r["ar_decode_tok_s"]), f(r["sd_decode_tok_s"]),
-             f(r["ssd_decode_tok_s_measured"]), f(r["sd_decode_tok_s_modelled"]), f(r["ssd_decode_tok_s_projected"]),
-             f(r["projected_vs_sd"], ".2f") + "×", f(r["projected_vs_ar"], ".2f") + "×",
-             f"v={r['inputs']['verify_ms_per_round']:.0f} d={r['inputs']['draft_ms_per_token']:.0f} "
-             f"h={r['inputs']['hit_rate']:.2f} w={r['inputs']['wait_ms_on_hit']:.0f} "
-             f"L={r['inputs']['mean_acceptance_length_ssd']:.2f}") for r in rows]
-    return ["", "## SSD with its own hardware — PROJECTION, not a measurement", "",
-            "Decode tok/s (prefill excluded). ar, sd-draft and ssd (this machine) are measured in this run; "
-            "the last columns assume the speculator runs on separate hardware equal to the target's: "
-            "ssd round = v + o + h·w + (1 − h)·K̄·d, sd round = v + o + K̄·d, with v, o, d from sd-draft at the "
-            "same K and h, w, K̄, L from ssd; proj/sd compares the two (see speclm/bench/projection.py).", "",
-            md_table(("category", "K", "T", "ar", "sd-draft", "ssd here", "sd MODELLED", "ssd PROJECTED", "proj/sd",
-                       "proj/ar", "inputs (ms)"), body)]

@@ -1,0 +1,54 @@
+"""The "Concurrency" section: every row of N closed-loop clients, then the ratios of rows
+run back to back within a repeat (analysis/scaling.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..analysis.groups import label, models_vary
+from ..setup.methods import BASELINE
+from .cells import md_table, num, quantiles
+from .sections import Section
+
+
+def _spread(s: dict | None, unit: str = "×", spec: str = ".2f") -> str:
+    if s is None:
+        return "-"
+    if s["n"] == 1:
+        return f"{s['p50']:{spec}}{unit}"
+    return f"{s['p50']:{spec}}{unit} [{s['min']:{spec}}–{s['max']:{spec}}]"
+
+
+def paired_table(entries: Sequence[dict], name: Callable[[dict], str]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The paired ratios' header and rows (`name(entry)` names the config)."""
+    header = ("N", "method", "T", "repeats", "tok/s median [min–max]", "vs AR at this N", "below AR",
+              "vs AR at N=1")
+    rows = [(str(e["concurrency"]), name(e), f"{e['temperature']:g}",
+             str(e["repeats"]) + (f" ({e['starved']} starved)" if e["starved"] else ""),
+             _spread(e["tok_s"], "", ".1f"), _spread(e["vs_ar"]) if e["method"] != BASELINE else "(base)",
+             f"{e['below_ar']}/{e['vs_ar']['n']}" if e["vs_ar"] else "-", _spread(e["vs_ar_1"]))
+            for e in entries]
+    return header, rows
+
+
+def concurrency_section(rows: list[dict], paired: list[dict]) -> Section:
+    if not rows:
+        return Section("Concurrency", {"concurrency": rows, "concurrency_paired": paired})
+    models = models_vary(rows)
+    repeats = max(c.get("repeat", 0) for c in rows) + 1
+    body = [(str(c["concurrency"]), label(c, models), f"{c['temperature']:g}",
+             *([str(c.get("repeat", 0) + 1)] if repeats > 1 else []), num(c["throughput_tok_s"], ".1f"),
+             *(quantiles(c[key]) for key in ("latency_ms", "ttft_ms", "ttft_first_wave_ms", "ttft_steady_ms")),
+             str(c["ttft_steady_ms"]["n"])) for c in rows]
+    header, paired_rows = paired_table(paired, lambda e: label(e, models))
+    md = ["N closed-loop clients over every prompt. First wave: the first N requests, arriving together; steady: "
+          "the later ones, each arriving while the others decode."
+          + (" Rows in run order; each repeat is a pass over every N, AR and the methods alternating "
+             "who runs first." if repeats > 1 else ""), "",
+          md_table(("N", "method", "T", *(["repeat"] if repeats > 1 else []), "tok/s",
+                    "latency p50/p95/p99", "TTFT p50/p95/p99", "TTFT first wave p50/p95/p99",
+                    "TTFT steady p50/p95/p99", "steady n"), body),
+          "", "Ratios within a repeat (rows run back to back, so machine drift falls on both): "
+          "median [min–max] over the repeats; below AR counts the repeats in which the method's "
+          "throughput was lower than AR's at the same N.", "", md_table(header, paired_rows)]
+    return Section("Concurrency", {"concurrency": rows, "concurrency_paired": paired}, md)
