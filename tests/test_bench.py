@@ -14,10 +14,10 @@ import pytest
 
 from speclm import LLM
 from speclm.backends.toy import ToyBackend
-from speclm.bench.sweep import run_to_dir
+from speclm.bench.run.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
 from speclm.bench.analysis import counts, distributions, groups, ratios
-from speclm.bench.manifest import describe_model
+from speclm.bench.run.manifest import describe_model
 from speclm.bench.setup import methods, workloads
 from speclm.bench.setup.config import BenchConfig
 from speclm.bench.trust.quiet import busy_warning
@@ -304,20 +304,20 @@ def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
 
 
 def test_load_is_recorded_and_a_machine_that_gets_busy_is_flagged(monkeypatch):
-    from speclm.bench import runner
+    from speclm.bench.run import sequential
     loads = iter([(0.2, 0.2, 0.2)] + [(9.0, 9.0, 9.0)] * 100)
-    monkeypatch.setattr(runner.os, "getloadavg", lambda: next(loads))
-    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(sequential.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(sequential.os, "cpu_count", lambda: 2)
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
     prompts = [workloads.Prompt("t", 0, (0, 1, 2, 0, 1), chat=False)]
-    run = runner.run_bench(llm, prompts, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[6]))
+    run = sequential.run_bench(llm, prompts, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[6]))
     assert run.load_before == (0.2, 0.2, 0.2) and run.load_after == (9.0, 9.0, 9.0)
     assert [r["method"] for r in run.requests] == ["ar", "sd-ngram"] and run.requests[0]["load1"] == 9.0
     assert len(run.warnings) == 1 and "BUSY DURING THE RUN" in run.warnings[0]
 
 
 def test_manifest_names_a_prepared_variant_with_its_recorded_sha256(monkeypatch):
-    from speclm.bench import manifest
+    from speclm.bench.run import manifest
     monkeypatch.setattr(manifest, "read_manifest", lambda: {
         "smollm2-135m@q8_0": {"sha256": "ab" * 32, "size": 5, "quant": "q8_0", "source_sha256": "cd" * 32}})
     d = manifest.describe_model("smollm2-135m@q8_0", None)
@@ -357,13 +357,13 @@ def test_copy_categories_are_chat_prompts_that_fit_and_hold_what_they_promise(sm
 
 def test_prompts_run_per_category_in_index_order():
     """The runner groups a category's prompts (categories in first-seen order) and runs them by index."""
-    from speclm.bench import runner
+    from speclm.bench.run import sequential
     p = [workloads.Prompt(c, i, (0, 1, 2, i), chat=False) for c, i in (("b", 1), ("a", 0), ("b", 0), ("a", 1))]
-    assert [(x.category, x.index) for x in runner.run_order(p)] == [("b", 0), ("b", 1), ("a", 0), ("a", 1)]
+    assert [(x.category, x.index) for x in sequential.run_order(p)] == [("b", 0), ("b", 1), ("a", 0), ("a", 1)]
     ordered = workloads.load_builtin(["multi-turn-edit", "extract"], 3)
-    assert runner.run_order(ordered) == ordered
+    assert sequential.run_order(ordered) == ordered
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
-    run = runner.run_bench(llm, p, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[4], repeats=2))
+    run = sequential.run_bench(llm, p, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[4], repeats=2))
     assert [(r["repeat"], r["category"], r["prompt_index"]) for r in run.requests if r["method"] == "ar"] == [
         (rep, c, i) for rep in (0, 1) for c, i in (("b", 0), ("b", 1), ("a", 0), ("a", 1))]
 
@@ -486,10 +486,10 @@ def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own()
     """The sequential part filled the suffix cache with every prompt's answer; a
     concurrency row drafting from it, or from another arm's row, would replay them.
     Each row of each arm learns anew."""
-    from speclm.bench import runner
+    from speclm.bench.run import sequential
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=2)
     prompts = [workloads.Prompt("t", i, (0, 1, 2, i % 6, 1), chat=False) for i in range(3)]
-    runner.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3, 4], max_new_tokens=[8],
+    sequential.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3, 4], max_new_tokens=[8],
                                                concurrency=[2]))
     stats = llm.suffix_cache_stats()
     rows = {"bench-concurrency-arm1-2-T0-r0", "bench-concurrency-arm2-2-T0-r0"}  # arm 0 is AR

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from speclm.commands import bench as bench_cli
-from speclm.bench import sweep
+from speclm.bench.run import sweep
 from speclm.bench.output.results import table_rows
 from speclm.errors import InvalidRequestError, ModelError
 from speclm.models import variants

@@ -16,7 +16,7 @@ import pytest
 
 from speclm import LLM
 from speclm.backends.toy import ToyBackend
-from speclm.bench.sweep import run_to_dir
+from speclm.bench.run.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
 from speclm.bench.analysis.counts import round_counts
 from speclm.bench.analysis.groups import group_rows, verdicts

@@ -9,9 +9,9 @@ New methods: one record in the method table (speclm.speculative.methods.register
 """
 
 from .setup.methods import BenchMethod, bench_methods
-from .runner import run_bench
+from .run.sequential import run_bench
+from .run.sweep import run_to_dir
 from .setup.config import BenchConfig
-from .sweep import run_to_dir
 from .setup.workloads import CATEGORIES, BenchDataError, Prompt, load_builtin, load_dataset
 
 __all__ = ["run_to_dir", "BenchMethod", "bench_methods",

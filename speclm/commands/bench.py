@@ -1,9 +1,9 @@
 """`speclm bench`: sweep methods × K × temperature over prompt categories (and,
-with --targets/--drafts, over target and draft models: see sweep.py) and
+with --targets/--drafts, over target and draft models: see bench/run/sweep.py) and
 write raw traces, summary.json, report.md, plots and manifest.json.
 
 Starved requests are flagged and re-run, after a bounded wait for a quiet
-machine (contamination.py). `--endpoint URL [--endpoint-b URL]` runs the same
+machine (bench/trust/). `--endpoint URL [--endpoint-b URL]` runs the same
 prompts against OpenAI-compatible servers instead (endpoint.py).
 
 Wire it with `add_bench_parser(subparsers)`; the command's function is
@@ -32,7 +32,7 @@ from ..bench.setup.methods import BENCH_DEFAULT, bench_methods, parse_methods
 from ..bench.output.sections import print_sections
 from ..bench.setup.config import BenchConfig
 from ..bench.trust.quiet import busy_warning
-from ..bench.sweep import plan_models, run_sweep
+from ..bench.run.sweep import plan_models, run_sweep
 from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
 from ..bench.setup.workloads import Prompt, load_builtin, load_dataset, select
 

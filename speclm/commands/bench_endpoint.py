@@ -17,7 +17,7 @@ from ..errors import InvalidRequestError, SpeclmError
 from ..bench.trust.quiet import wait_for_quiet
 from ..bench.endpoint import EndpointError, EndpointRun, base_url, connect, run_concurrency, run_sequential
 from ..bench.endpoint_metrics import scrape
-from ..bench.manifest import build_manifest
+from ..bench.run.manifest import build_manifest
 from ..bench.output.sections import print_sections, write_report
 from ..bench.setup.workloads import prompt_set_hash
 

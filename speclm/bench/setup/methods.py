@@ -54,7 +54,7 @@ class BenchMethod:
 
     def generate(self, llm: LLM, prompt_ids: list[int], params: SamplingParams,
                  spec: SpecConfig) -> GenerationResult:
-        """One request with this method (the timed call of the runner)."""
+        """One request with this method (the timed call of run/records.timed)."""
         return llm.generate(prompt_ids, params, spec)
 
 

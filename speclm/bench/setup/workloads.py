@@ -8,9 +8,9 @@ Built-in categories (each holds >= 20 prompts):
              run through the model's chat template.
 - extract, multi-turn-edit, rag-quote: workloads where copying is real (same
              files, same chat template), written as sequences: a category's
-             prompts run in file order (runner.py), so a cross-request cache
-             (sd-suffix) can learn from the earlier ones, and the report splits
-             each category into its first and second half (halves.py).
+             prompts run in file order (run/sequential.py), so a cross-request
+             cache (sd-suffix) can learn from the earlier ones, and the report
+             splits each category into its first and second half (analysis/halves.py).
   extract          one JSON schema filled from 20 different invoices, receipts
                    and e-mails (the instruction and schema repeat verbatim);
   multi-turn-edit  21 successive small edits of one ~45-62 line module,
@@ -48,7 +48,7 @@ class BenchDataError(SpeclmError):
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark prompt. `prompt` is text, or token ids (runner API only).
+    """One benchmark prompt. `prompt` is text, or token ids (run_bench API only).
     `index` is the prompt's position within its category."""
 
     category: str

@@ -76,7 +76,7 @@ class Unit:
     """The requests of one prompt × repeat × T × max_new_tokens (AR first)."""
 
     slots: list[Slot]
-    context: Any = None  # what the runner needs to re-run them (prompt ids, params, ...)
+    context: Any = None  # what run/sequential.py needs to re-run them (prompt ids, params, ...)
 
     def wants(self, max_reruns: int) -> list[Slot]:
         """The slots to re-run in the next pass (AR partner first), or []."""

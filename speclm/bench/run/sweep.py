@@ -31,25 +31,26 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..api import LLM
-from ..backends.load import load_backend
-from ..backends.base import Backend
-from ..costs import time_blocks, time_curve
-from ..errors import InvalidRequestError
-from .analysis import ceiling, quality
-from .analysis.groups import group_rows
-from .analysis.variants import V_KS, V_REPEATS, build_variants
-from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from ..models.catalog import resolve_model
-from ..models.variants import SEP
+from ...api import LLM
+from ...backends.base import Backend
+from ...backends.load import load_backend
+from ...costs import time_blocks, time_curve
+from ...errors import InvalidRequestError
+from ...models.catalog import resolve_model
+from ...models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from ...models.variants import SEP
+from ...speculative.methods import METHODS as TABLE
+from ..analysis import ceiling, quality
+from ..analysis.groups import group_rows
+from ..analysis.variants import V_KS, V_REPEATS, build_variants
+from ..output.plots import write_plots
+from ..output.report import bench_sections
+from ..output.sections import write_report
+from ..setup.config import BenchConfig, make_arms
+from ..setup.workloads import Prompt, prompt_set_hash
 from .manifest import build_manifest, describe_model
-from .output.plots import write_plots
-from .output.report import bench_sections
-from .output.sections import write_report
-from .setup.methods import TABLE
-from .runner import BenchRun, TraceSink, encode_prompts, run_bench
-from .setup.config import BenchConfig, make_arms
-from .setup.workloads import Prompt, prompt_set_hash
+from .sequential import BenchRun, encode_prompts, run_bench
+from .trace import TraceSink
 
 QUALITY_TEXTS = 8  # HumanEval problems added to the perplexity text set (as `speclm models compare`)
 

@@ -7,11 +7,11 @@ import os
 import resource
 import time
 
-from ..metrics import GenerationResult
-from ..sampling import SamplingParams
-from .trust import starvation
-from .trust.policy import TrustPolicy
-from .analysis.counts import acceptance_from_counts, heads_counts, round_counts, ssd_counts
+from ...metrics import GenerationResult
+from ...sampling import SamplingParams
+from ..analysis.counts import acceptance_from_counts, heads_counts, round_counts, ssd_counts
+from ..trust import starvation
+from ..trust.policy import TrustPolicy
 
 
 def peak_rss_mb() -> float:
@@ -40,6 +40,11 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
             "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
             "target": result.target, "draft": result.draft, "text": result.text,
             "token_ids": result.token_ids, **ssd_counts(result.rounds), **heads_counts(result.rounds)}
+
+
+def sampling_params(cfg, temperature: float, max_new: int, seed: int) -> SamplingParams:
+    """The sampling parameters of a request of BenchConfig `cfg`."""
+    return SamplingParams(temperature=temperature, seed=seed, max_new_tokens=max_new, ignore_eos=cfg.ignore_eos)
 
 
 def timed(arm, scope: str, ids: list[int], params: SamplingParams, head: dict, threads: int | None,
