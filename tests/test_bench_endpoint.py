@@ -22,8 +22,8 @@ import pytest
 
 from speclm import LLM, SpecConfig
 from speclm.backends.toy import ToyBackend
-from speclm.bench import endpoint_metrics
-from speclm.bench.endpoint import EndpointError, base_url
+from speclm.bench.endpoint import metrics as endpoint_metrics
+from speclm.bench.endpoint.client import EndpointError, base_url
 from speclm.commands import main
 from speclm.server import ServerConfig, create_app
 from speclm.commands.serve import add_serve_parser, build_app
@@ -273,15 +273,15 @@ def test_a_server_that_never_answers_times_out_within_the_request_timeout(tmp_pa
 
 def test_a_timeout_mid_run_keeps_the_requests_already_measured(tmp_path, capsys, monkeypatch):
     """The warm-up passes, the third timed request hangs: the first two stay on disk and in the summary."""
-    from speclm.bench import endpoint
-    real, calls = endpoint.stream_one, []
+    from speclm.bench.endpoint import client
+    real, calls = client.stream_one, []
 
     def flaky(ep, prompt, *a, **kw):
         calls.append(ep.label)
         if len(calls) == 5:  # warm-ups A, B; timed A, B on prompt 0; then A on prompt 1
-            raise endpoint.explain(TimeoutError(), ep.label, ep.url, "POST /v1/completions", ep.timeout)
+            raise client.explain(TimeoutError(), ep.label, ep.url, "POST /v1/completions", ep.timeout)
         return real(ep, prompt, *a, **kw)
-    monkeypatch.setattr(endpoint, "stream_one", flaky)
+    monkeypatch.setattr(client, "stream_one", flaky)
     out = tmp_path / "o"
     with live(toy_server("ar")) as a, live(toy_server("auto")) as b:
         line = failing(capsys, "--endpoint", a, "--endpoint-b", b, "--dataset", str(dataset(tmp_path)),

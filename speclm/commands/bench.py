@@ -4,7 +4,7 @@ write raw traces, summary.json, report.md, plots and manifest.json.
 
 Starved requests are flagged and re-run, after a bounded wait for a quiet
 machine (bench/trust/). `--endpoint URL [--endpoint-b URL]` runs the same
-prompts against OpenAI-compatible servers instead (endpoint.py).
+prompts against OpenAI-compatible servers instead (bench/endpoint/).
 
 Wire it with `add_bench_parser(subparsers)`; the command's function is
 `cmd_bench(args) -> exit code`. `run_to_dir` is the same pipeline for an

@@ -1,4 +1,4 @@
-"""The --endpoint flags of `speclm bench` and the command that runs them (endpoint.py).
+"""The --endpoint flags of `speclm bench` and the command that runs them (bench/endpoint/).
 
 A failure (unreachable URL, refused key, a server that is not OpenAI-compatible,
 a timeout) ends the run with one line, `speclm: error: ...` (exit 1), after
@@ -13,13 +13,10 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import InvalidRequestError, SpeclmError
-from ..bench.trust.quiet import wait_for_quiet
-from ..bench.endpoint import EndpointError, EndpointRun, base_url, connect, run_concurrency, run_sequential
-from ..bench.endpoint_metrics import scrape
-from ..bench.run.manifest import build_manifest
-from ..bench.output.sections import print_sections, write_report
-from ..bench.setup.workloads import prompt_set_hash
+from ..bench.endpoint.bench import Server, bench_endpoints
+from ..bench.endpoint.client import base_url
+from ..bench.output.sections import print_sections
+from ..errors import InvalidRequestError
 
 NOT_WITH_ENDPOINT = ("target", "targets", "draft", "drafts", "methods", "k", "variant_quality",
                      "concurrency_repeats", "prefix_cache_tokens")
@@ -57,59 +54,13 @@ def check_endpoint_args(args: argparse.Namespace) -> None:
 
 def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
     """`speclm bench --endpoint URL [--endpoint-b URL]`: `v` the resolved flags
-    (bench.cli.resolve_args), `prompts` the prompt set they select."""
-    from ..bench.endpoint_report import endpoint_sections
-    cfg = v["config"]
-    out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    (commands/bench.resolve_args), `prompts` the prompt set they select."""
     key_a = args.api_key or os.environ.get("SPECLM_API_KEY") or None
-    key_b = args.api_key_b or key_a
-    load_before = os.getloadavg()
-    quiet = wait_for_quiet(cfg.trust, os.cpu_count() or 1)
-    cfg.observed.waits.append(quiet)
-    run = EndpointRun([])
-    requests = open(out_dir / "requests.jsonl", "w", encoding="utf-8")
-
-    def write(rec: dict) -> None:
-        import json
-        requests.write(json.dumps(rec) + "\n")
-        requests.flush()
-
-    failure: BaseException | None = None
-    try:
-        for label, url, key, model in (("A", args.endpoint, key_a, args.endpoint_model),
-                                       ("B", args.endpoint_b, key_b, args.endpoint_model_b)):
-            if url:
-                run.endpoints.append(connect(label, url, key, model, args.request_timeout))
-        for ep in run.endpoints:
-            run.metrics_before[ep.label] = scrape(ep.url, ep.api_key, args.request_timeout)
-        run_sequential(run, prompts, cfg, write)
-        if cfg.concurrency:
-            run_concurrency(run, prompts, cfg, lambda row: None)
-        for ep in run.endpoints:
-            run.metrics_after[ep.label] = scrape(ep.url, ep.api_key, args.request_timeout)
-    except BaseException as exc:  # keep what was measured, then report the failure
-        failure = exc
-        run.error = str(exc) if isinstance(exc, SpeclmError) else f"{type(exc).__name__}: {exc}"
-    finally:
-        requests.close()
-        run.ended = time.time()
-    config = {**{k: v for k, v in cfg.to_dict().items() if k not in ("methods", "ks", "base_spec")},
-              "endpoints": {"A": args.endpoint, "B": args.endpoint_b}, "request_timeout_s": args.request_timeout}
-    warnings = [] if quiet["quiet"] or not cfg.trust.wait_quiet_s else [
-        f"this machine never got quiet (load {quiet['loads'][-1][1]:.2f} >= {quiet['threshold']:.2f}): if a server "
-        "runs here, its timings are noisy"]
-    manifest = build_manifest(
-        target=None, draft=None, config=config, prompts_hash=prompt_set_hash(prompts), n_prompts=len(prompts),
-        categories=list(dict.fromkeys(p.category for p in prompts)), dataset=args.dataset, threads=None,
-        seed=cfg.seed, load_before=load_before, load_after=os.getloadavg(), started=run.started, ended=run.ended,
-        extra={"endpoints": [{"label": e.label, "url": e.url, "model": e.model} for e in run.endpoints]})
-    sections = endpoint_sections(run, config, quiet, manifest, warnings)
-    _, report = write_report(out_dir, sections, manifest)
-    if failure is not None:
-        if isinstance(failure, SpeclmError):
-            raise EndpointError(f"{failure} (partial results in {out_dir})") from None
-        raise failure
-    print_sections(sections)
-    print(f"report: {report}")
+    servers = [Server("A", args.endpoint, key_a, args.endpoint_model)]
+    if args.endpoint_b:
+        servers.append(Server("B", args.endpoint_b, args.api_key_b or key_a, args.endpoint_model_b))
+    out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
+    out = bench_endpoints(servers, prompts, v["config"], out_dir, timeout=args.request_timeout, dataset=args.dataset)
+    print_sections(out["sections"])
+    print(f"report: {out['report']}")
     return 0

@@ -72,3 +72,12 @@ def busy_during(warnings: Sequence[str], loads: Sequence[float], own_threads: in
                 f"than this bench's own {own_threads} threads explain (quiet at start); per-request load is in "
                 f"requests.jsonl (load1): rerun on a quiet machine"]
     return []
+
+
+def client_never_quiet(wait: dict) -> list[str]:
+    """An endpoint bench's warning when this machine (the client, maybe the server too)
+    never got quiet in the wait, else none."""
+    if wait["quiet"] or not wait["max_wait_s"]:
+        return []
+    return [f"this machine never got quiet (load {wait['loads'][-1][1]:.2f} >= {wait['threshold']:.2f}): if a "
+            "server runs here, its timings are noisy"]

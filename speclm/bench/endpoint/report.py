@@ -1,7 +1,7 @@
-"""The report of an endpoint bench (endpoint.py): its sections, from which summary.json,
+"""The report of an endpoint bench (bench.py): its sections, from which summary.json,
 report.md and the console are rendered (output/sections.py).
 
-The ratios are the local bench's (ratios.py) with A in AR's place: B's speedup
+The ratios are the local bench's (analysis/ratios.py) with A in AR's place: B's speedup
 = A time per output token / B time per output token over the same prompts; the
 decode ratio takes TTFT out ((wall − TTFT) per output token), the prefill one
 is TTFT per prompt token (client-side TTFT: network and queueing included); the
@@ -15,15 +15,15 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
-from .analysis.counts import round_counts
-from .analysis.distributions import distribution
-from .analysis.groups import group_rows
-from .analysis.ratios import worth_it
-from .endpoint import EndpointRun
-from .endpoint_metrics import speculation
-from .output.cells import fmt_x, identity_cell, md_table, quantiles, wall_cell
-from .output.results import console_table
-from .output.sections import Section, warnings_section
+from ..analysis.counts import round_counts
+from ..analysis.distributions import distribution
+from ..analysis.groups import group_rows
+from ..analysis.ratios import worth_it
+from ..output.cells import fmt_x, identity_cell, md_table, quantiles, wall_cell
+from ..output.results import console_table
+from ..output.sections import Section, warnings_section
+from .metrics import speculation
+from .run import EndpointRun
 
 HEADER = ("category", "T", "B speedup", "p50 [min–max]", "faster", "decode/tok", "prefill (TTFT)/tok",
           "Σ wall [same len]", "identical", "A tok/s", "B tok/s")

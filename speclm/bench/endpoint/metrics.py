@@ -13,7 +13,7 @@ Names read (samples, as exposed):
   the older engine's vllm:spec_decode_num_emitted_tokens_total and gauges
   vllm:spec_decode_draft_acceptance_rate, vllm:spec_decode_efficiency are kept
   as read when present.
-Derived (design note §2): acceptance rate = accepted / drafted; mean acceptance
+Derived (docs/design.md#metrics): acceptance rate = accepted / drafted; mean acceptance
 length = tokens per target forward = (accepted + rounds) / rounds for speclm,
 1 + accepted / drafts for vLLM; per-position acceptance = accepted at j / drafts
 reaching j (speclm) or / drafts (vLLM).
