@@ -450,8 +450,8 @@ def test_repeated_concurrency_rows_alternate_who_runs_first_and_pair_within_a_re
     order = [(c["repeat"], c["concurrency"], c["method"]) for c in summary["concurrency"]]
     assert order == [(0, 1, "ar"), (0, 1, "sd-suffix"), (0, 2, "sd-suffix"), (0, 2, "ar"),
                      (1, 1, "sd-suffix"), (1, 1, "ar"), (1, 2, "ar"), (1, 2, "sd-suffix")]
-    assert {s for s in llm.suffix_cache_stats() if s} == {"bench-arm1"} | {f"bench-concurrency-arm1-{n}-T0-r{r}"
-                                                                         for n in (1, 2) for r in (0, 1)}
+    assert {s for s in llm.suffix_cache_stats() if s} == {"bench-arm1-T0-n8-r0"} | {
+        f"bench-concurrency-arm1-{n}-T0-r{r}" for n in (1, 2) for r in (0, 1)}
     tok_s = {(c["repeat"], c["concurrency"], c["method"]): c["throughput_tok_s"] for c in summary["concurrency"]}
     by = {(e["concurrency"], e["method"]): e for e in summary["concurrency_paired"]}
     ratios = sorted(tok_s[r, 2, "sd-suffix"] / tok_s[r, 2, "ar"] for r in (0, 1))
@@ -493,8 +493,9 @@ def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own()
                                                concurrency=[2]))
     stats = llm.suffix_cache_stats()
     rows = {"bench-concurrency-arm1-2-T0-r0", "bench-concurrency-arm2-2-T0-r0"}  # arm 0 is AR
-    assert set(stats) == {None, "bench-arm1", "bench-arm2"} | rows  # None: the warm-up's
-    for scope in rows | {"bench-arm1", "bench-arm2"}:
+    passes = {"bench-arm1-T0-n8-r0", "bench-arm2-T0-n8-r0"}  # arm × (T, max_new_tokens, repeat)
+    assert set(stats) == {None} | passes | rows  # None: the warm-up's
+    for scope in rows | passes:
         assert stats[scope]["added_requests"] == 3  # the row's (the arm's) own prompts, once each
 
 
@@ -511,7 +512,8 @@ def test_each_arm_and_concurrency_row_reuses_only_its_own_prompt_kv(tmp_path):
     cached = {(r["method"], r["prompt_index"]): r["cached_prompt_tokens"] for r in recs}
     assert cached == {(m, i): 0 if i == 0 else len(start) for m in ("ar", "sd-suffix") for i in range(3)}
     scopes = llm.prefix_cache_stats()
-    assert {s: scopes[s]["hits"] for s in ("bench-arm0", "bench-arm1")} == {"bench-arm0": 2, "bench-arm1": 2}
+    passes = ("bench-arm0-T0-n8-r0", "bench-arm1-T0-n8-r0")
+    assert {s: scopes[s]["hits"] for s in passes} == dict.fromkeys(passes, 2)
     rows = [s for s in scopes if s and s.startswith("bench-concurrency")]
     assert len(rows) == 2 and all(scopes[s]["lookups"] == 3 and scopes[s]["hits"] == 2 for s in rows)
     conc = [json.loads(line) for line in (tmp_path / "out" / "concurrency.jsonl").read_text().splitlines()]

@@ -1,6 +1,8 @@
 """`speclm bench --endpoint URL [--endpoint-b URL]`: the bench's prompts against one or two
 running OpenAI-compatible servers (client.py): the latency phase, then the concurrency
-rows (run.py), reported as the local bench is (report.py).
+rows (run.py), reported as the local bench is (report.py). A server keeps what it is
+sent, so each phase gets prompts of its own when the prompt set allows, else is
+flagged a replay, and no row has more in flight than its prompts (trust/phases.py).
 
 Traffic goes only to the URLs given: GET /v1/models once per server (the model id and a
 compatibility check), GET /metrics before and after (metrics.py), and run.py's requests.
@@ -24,6 +26,7 @@ from ..output.sections import write_report
 from ..run.manifest import build_manifest
 from ..setup.config import BenchConfig
 from ..setup.workloads import Prompt, prompt_set_hash
+from ..trust import phases
 from ..trust.quiet import client_never_quiet, wait_for_quiet
 from .client import EndpointError, connect
 from .metrics import scrape
@@ -50,6 +53,7 @@ def bench_endpoints(servers: Sequence[Server], prompts: Sequence[Prompt], cfg: B
     load_before = os.getloadavg()
     quiet = wait_for_quiet(cfg.trust, os.cpu_count() or 1)
     cfg.observed.waits.append(quiet)
+    passes, rows = phases.plan(prompts, cfg, forgets=False)  # a server keeps what it was sent
     run = EndpointRun([])
     failure: BaseException | None = None
     with open(out_dir / "requests.jsonl", "w", encoding="utf-8") as requests:
@@ -61,9 +65,8 @@ def bench_endpoints(servers: Sequence[Server], prompts: Sequence[Prompt], cfg: B
                 run.endpoints.append(connect(s.label, s.url, s.api_key, s.model, timeout))
             for ep in run.endpoints:
                 run.metrics_before[ep.label] = scrape(ep.url, ep.api_key, timeout)
-            run_sequential(run, prompts, cfg, write)
-            if cfg.concurrency:
-                run_concurrency(run, prompts, cfg, lambda row: None)
+            run_sequential(run, passes, cfg, write)
+            run_concurrency(run, rows, cfg, lambda row: None)
             for ep in run.endpoints:
                 run.metrics_after[ep.label] = scrape(ep.url, ep.api_key, timeout)
         except BaseException as exc:  # keep what was measured, then report the failure
@@ -77,7 +80,8 @@ def bench_endpoints(servers: Sequence[Server], prompts: Sequence[Prompt], cfg: B
         categories=list(dict.fromkeys(p.category for p in prompts)), dataset=dataset, threads=None,
         seed=cfg.seed, load_before=load_before, load_after=os.getloadavg(), started=run.started, ended=run.ended,
         extra={"endpoints": [{"label": e.label, "url": e.url, "model": e.model} for e in run.endpoints]})
-    sections = endpoint_sections(run, config, quiet, manifest, client_never_quiet(quiet))
+    warnings = client_never_quiet(quiet) + phases.warnings(passes + rows)
+    sections = endpoint_sections(run, config, quiet, manifest, warnings, passes + rows)
     summary, report = write_report(out_dir, sections, manifest)
     if isinstance(failure, SpeclmError):
         raise EndpointError(f"{failure} (partial results in {out_dir})") from None

@@ -20,8 +20,10 @@ from ..analysis.distributions import distribution
 from ..analysis.groups import group_rows
 from ..analysis.ratios import worth_it
 from ..output.cells import fmt_x, identity_cell, md_table, quantiles, wall_cell
+from ..output.concurrency import n_cell
 from ..output.results import console_table
 from ..output.sections import Section, warnings_section
+from ..trust.phases import Phase
 from .metrics import speculation
 from .run import EndpointRun
 
@@ -57,8 +59,9 @@ def latency_rows(requests: Sequence[dict]) -> list[dict]:
     return out
 
 
-def b_vs_a(rows: Sequence[dict]) -> list[dict]:
-    """The verdict per category × T × max_new_tokens: is B faster than A?"""
+def b_vs_a(rows: Sequence[dict], requests: Sequence[dict] = ()) -> list[dict]:
+    """The verdict per category × T × max_new_tokens: is B faster than A? It counts B's
+    requests that replayed prompts their server was sent before (trust/phases.py)."""
     out = []
     for r in rows:
         if r["method"] != "B" or r["speedup"] is None or r["speedup_dist"]["p50"] is None:
@@ -68,8 +71,13 @@ def b_vs_a(rows: Sequence[dict]) -> list[dict]:
                 f"{d['min']:.2f}–{d['max']:.2f}×), {r['prompts_faster']}/{r['prompts']} prompts faster")
         if r["identity"]:
             text += f"; identical outputs {r['identity']['identical']}/{r['identity']['compared']}"
+        mine = [q for q in requests if q["endpoint"] == "B" and r["category"] in (q["category"], "all")
+                and (q["temperature"], q["max_new_tokens"]) == (r["temperature"], r["max_new_tokens"])]
+        replayed = sum(1 for q in mine if q.get("replay"))
+        if replayed:
+            text += f"; {replayed}/{len(mine)} pairs REPLAY prompts the servers were sent before"
         out.append({"category": r["category"], "temperature": r["temperature"], "max_new_tokens": r["max_new_tokens"],
-                    "b_faster": yes, "evidence": text, "identity": r["identity"]})
+                    "b_faster": yes, "evidence": text, "identity": r["identity"], "replayed": replayed})
     return out
 
 
@@ -119,9 +127,9 @@ def header_section(run: EndpointRun, config: dict, quiet: dict | None, manifest:
     return Section("speclm bench report: endpoints", data, md)
 
 
-def b_vs_a_section(rows: list[dict], compared: bool) -> Section:
+def b_vs_a_section(rows: list[dict], requests: Sequence[dict], compared: bool) -> Section:
     """Is B faster than A, per category (report.md and console only with two endpoints)."""
-    verdicts = b_vs_a(rows)
+    verdicts = b_vs_a(rows, requests)
     body = table_rows(rows)
     md = [f"- **{v['category']}** (T={v['temperature']:g}, {v['max_new_tokens']} tokens): is B faster? "
           f"{v['evidence']}" for v in verdicts] + ["", NOTE, "", md_table(HEADER, body)]
@@ -160,14 +168,35 @@ def latency_section(requests: Sequence[dict]) -> Section:
     return Section("Latency per endpoint (ms, client side)", {"latency": rows}, md, console)
 
 
+def _sent(row: dict) -> str:
+    return "REPLAY" if row.get("replay") else "fresh"
+
+
+def phases_section(phases: Sequence[Phase]) -> Section:
+    """What each phase sent, and whether its server had been sent it before (trust/phases.py)."""
+    def spans(prompts) -> str:
+        cats = dict.fromkeys(p.category for p in prompts)
+        idx = {c: [p.index for p in prompts if p.category == c] for c in cats}
+        return ", ".join(f"{c} {i[0]}" + (f"–{i[-1]}" if len(i) > 1 else "") for c, i in idx.items())
+    body = [(p.name, spans(p.prompts), "REPLAY" if p.replay else "fresh") for p in phases]
+    md = ["A server keeps what it is sent (a prompt cache, speclm's suffix cache): a prompt sent to it again is "
+          "timed replaying its first answer. Each phase sends prompts of its own when every category has a "
+          f"prompt per phase ({len(phases)} here); otherwise every phase sends the whole set, and each phase "
+          "after the first is a REPLAY. A concurrency row keeps at most as many requests in flight as it has "
+          "prompts.", "", md_table(("phase", "prompts", "sent before"), body)]
+    return Section("Prompts per phase", {"phases": [p.to_dict() for p in phases]}, md)
+
+
 def concurrency_section(rows: list[dict]) -> Section:
-    conc = [(c["endpoint"], str(c["concurrency"]), f"{c['temperature']:g}", str(c["requests"]),
-             f"{c['throughput_tok_s']:.1f}", quantiles(c["latency_ms"], ".1f"), quantiles(c["ttft_ms"], ".1f"),
-             quantiles(c["itl_ms"], ".1f")) for c in rows]
-    md = ["N closed-loop clients, every prompt once.", "",
-          md_table(("endpoint", "N", "T", "requests", "tok/s", "latency p50/p95/p99", "TTFT p50/p95/p99",
-                    "ITL p50/p95/p99"), conc)]
-    console = [f"{c['endpoint']} N={c['concurrency']}: {c['throughput_tok_s']:.1f} tok/s" for c in rows]
+    conc = [(c["endpoint"], n_cell(c), str(c.get("in_flight_peak", "-")), _sent(c), f"{c['temperature']:g}",
+             str(c["requests"]), f"{c['throughput_tok_s']:.1f}", quantiles(c["latency_ms"], ".1f"),
+             quantiles(c["ttft_ms"], ".1f"), quantiles(c["itl_ms"], ".1f")) for c in rows]
+    md = ["N closed-loop clients, each of the row's prompts once; in flight: the most requests the row had in "
+          "flight at once; prompts: fresh, or a REPLAY of prompts the server was sent before (Prompts per phase).",
+          "", md_table(("endpoint", "N", "in flight", "prompts", "T", "requests", "tok/s", "latency p50/p95/p99",
+                        "TTFT p50/p95/p99", "ITL p50/p95/p99"), conc)]
+    console = [f"{c['endpoint']} N={n_cell(c)}{' [bold]REPLAY[/]' if c.get('replay') else ''}: "
+               f"{c['throughput_tok_s']:.1f} tok/s" for c in rows]
     return Section("Throughput under concurrency", {"concurrency": rows}, md if rows else None, console)
 
 
@@ -182,12 +211,12 @@ def speculation_section(endpoints: Sequence[dict]) -> Section:
 
 
 def endpoint_sections(run: EndpointRun, config: dict, quiet: dict | None, manifest: dict,
-                      warnings: Sequence[str]) -> list[Section]:
-    """The report of `run`, in report.md's order."""
+                      warnings: Sequence[str], phases: Sequence[Phase]) -> list[Section]:
+    """The report of `run`, in report.md's order; `phases` are what it planned to send."""
     header = header_section(run, config, quiet, manifest)
     compared = len(run.endpoints) > 1
     error = [f"> **PARTIAL RESULTS**: the run stopped: {run.error}"] if run.error else None
     return [header, Section(None, markdown=error), warnings_section(warnings),
-            b_vs_a_section(group_rows([as_bench(r) for r in run.requests]), compared),
-            identity_section(run.requests, compared), latency_section(run.requests),
+            b_vs_a_section(group_rows([as_bench(r) for r in run.requests]), run.requests, compared),
+            identity_section(run.requests, compared), phases_section(phases), latency_section(run.requests),
             concurrency_section(run.concurrency), speculation_section(header.data["endpoints"])]

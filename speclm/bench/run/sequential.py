@@ -17,8 +17,10 @@ Order (`run_order`): a category's prompts run as a sequence, contiguous and
 in index (file) order, categories in the order first given; every repeat
 runs the whole sequence again. A cross-request cache therefore sees prompt
 i before prompt i + 1, and the report's first-half / second-half split
-(analysis/halves.py) shows what it learned. Then the concurrency rows
-(concurrent.py).
+(analysis/halves.py) shows what it learned. Each pass (repeat × T ×
+max_new_tokens) runs every arm in a cache scope of its own
+(trust/phases.py), so a repeat learns the sequence anew instead of replaying
+the answers of the pass before. Then the concurrency rows (concurrent.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ...speculative.identity import compare_greedy
 from ..setup.config import Arm, BenchConfig, make_arms
 from ..setup.methods import BASELINE
 from ..setup.workloads import Prompt
+from ..trust import phases
 from ..trust.quiet import after_wait, busy_during, busy_warning, wait_for_quiet
 from ..trust.reruns import RerunQueue, Slot, Unit, rerunnable
 from ..trust.starvation import judged_threads, starved_warnings
@@ -122,7 +125,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     records: list[dict] = []
 
     def finalize(unit: Unit) -> None:
-        ids, params = unit.context
+        ids, params, _ = unit.context
         ar = next((s for s in unit.slots if s.baseline), None)
         for s in unit.slots:
             rec, result = s.attempts[-1]
@@ -136,8 +139,8 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                 on_request(rec)
 
     def rerun(unit: Unit, slot: Slot, reason: str) -> tuple[dict, GenerationResult]:
-        ids, params = unit.context
-        rec, result = timed(arms[slot.arm_index], f"bench-arm{slot.arm_index}", ids, params, slot.head,
+        ids, params, phase = unit.context
+        rec, result = timed(arms[slot.arm_index], phase.scope(slot.arm_index), ids, params, slot.head,
                             threads[slot.arm_index], policy, cores)
         rec["rerun_reason"] = reason
         return rec, result
@@ -145,6 +148,8 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     n_planned = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(arms)
     queue = RerunQueue(policy, policy.total_cap(n_planned), cfg.observed, rerun, finalize,
                        superseded=sink.superseded if sink else None)
+    passes, rows = phases.plan(prompts, cfg, forgets=True)  # each phase and arm in a cache scope of its own
+    pass_of = {(p.repeat, p.temperature, p.max_new_tokens): p for p in passes}
     n = first_id
     for rep in range(cfg.repeats):
         for pi, (prompt, ids) in enumerate(zip(prompts, encoded)):
@@ -152,19 +157,20 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                 for max_new in cfg.max_new_tokens:
                     seed = cfg.seed + 100_003 * rep + pi
                     params = sampling_params(cfg, temp, max_new, seed)
-                    unit = Unit([], context=(ids, params))
+                    phase = pass_of[(rep, temp, max_new)]
+                    unit = Unit([], context=(ids, params, phase))
                     for ai, arm in enumerate(arms):
                         n += 1
                         head = {"request_id": f"r{n:05d}", "category": prompt.category,
                                 "prompt_index": prompt.index, "repeat": rep, "method": arm.method.name,
                                 "k": arm.k, "temperature": temp, "max_new_tokens": max_new,
                                 "seed": seed, "chat": prompt.chat, **(meta or {}), **arm.meta}
-                        rec, result = timed(arm, f"bench-arm{ai}", ids, params, head, threads[ai], policy, cores)
+                        rec, result = timed(arm, phase.scope(ai), ids, params, head, threads[ai], policy, cores)
                         unit.slots.append(Slot(ai, arm.method.name == BASELINE, again[ai], [(rec, result)], head))
                     queue.add(unit)
     queue.finish()
-    conc = run_concurrency(prompts, encoded, cfg, arms, on_concurrency, meta, sink) if cfg.concurrency else []
-    warnings += starved_warnings(records, conc)
+    conc = run_concurrency(rows, dict(zip(prompts, encoded)), cfg, arms, on_concurrency, meta, sink)
+    warnings += phases.warnings(passes + rows) + starved_warnings(records, conc)
     load_after = os.getloadavg()
     own = max((t for t in threads if t), default=0)  # the load this bench's own llama.cpp threads make
     warnings += busy_during(warnings, [load_after[0], *(r["load1"] for r in records)], own, cores)

@@ -159,7 +159,7 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
         raise InvalidRequestError(f"--variant-quality scores texts of up to {quality.N_CTX} tokens: "
                                   f"raise --n-ctx to {quality.N_CTX} or more")
     texts = quality.load_texts(QUALITY_TEXTS if variant_quality else 0)
-    max_seqs = max([2, *cfg.concurrency])
+    max_seqs = max([2, *(min(n, len(prompts)) for n in cfg.concurrency)])  # a row's N: trust/phases.py
     n_arms = sum(len(plan.drafts) if m.needs_draft else 1 for m, _ in cfg.configs())
     n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * n_arms
     n_conc = len(cfg.temperatures) * len(cfg.concurrency) * cfg.concurrency_repeats * n_arms
