@@ -211,7 +211,8 @@ def test_six_prompts_at_concurrency_16_run_as_6_in_flight_every_later_phase_flag
     passes, rows = phases.plan(prompts, BenchConfig(concurrency=[1, 16]), forgets=False)
     assert all(p.prompts == tuple(prompts) for p in passes + rows)
     assert [p.replay for p in passes + rows] == [False, True, True]
-    assert [(r.n_asked, r.n) for r in rows] == [(1, 1), (16, 6)] and rows[1].name.startswith("concurrency N=6 (16 asked)")
+    assert [(r.n_asked, r.n) for r in rows] == [(1, 1), (16, 6)]
+    assert rows[1].name.startswith("concurrency N=6 (16 asked)")
     assert rows[1].to_dict()["concurrency"] == 6 and rows[1].to_dict()["concurrency_requested"] == 16
     replay, capped = phases.warnings(passes + rows)
     assert replay.startswith("2 of 3 phases resend prompts their server was sent earlier in this run")

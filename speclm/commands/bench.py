@@ -23,18 +23,18 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from .options import add_kernels_option, add_spec_options, spec_from_args, speculator_config
+from ..bench.output.sections import print_sections
+from ..bench.run.sweep import plan_models, run_sweep
+from ..bench.setup.config import BenchConfig
+from ..bench.setup.methods import BENCH_DEFAULT, bench_methods
+from ..bench.setup.workloads import Prompt, load_builtin, load_dataset, select
+from ..bench.trust.policy import TrustPolicy
+from ..bench.trust.quiet import busy_warning
 from ..errors import InvalidRequestError
 from ..prefix_cache import PREFIX_CACHE_TOKENS, PrefixCache
 from ..sampling import SamplingParams
-from ..bench.trust.policy import TrustPolicy
-from ..bench.setup.methods import BENCH_DEFAULT, bench_methods, parse_methods
-from ..bench.output.sections import print_sections
-from ..bench.setup.config import BenchConfig
-from ..bench.trust.quiet import busy_warning
-from ..bench.run.sweep import plan_models, run_sweep
 from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
-from ..bench.setup.workloads import Prompt, load_builtin, load_dataset, select
+from .options import add_kernels_option, add_spec_options, spec_from_args, speculator_config
 
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "k": [4],
@@ -173,8 +173,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = load_prompts(args.dataset, v["categories"], v["prompts_per_category"])
     if endpoint:
         return cmd_endpoint_bench(args, v, prompts)
-    needs_draft = any(m.needs_draft for m in parse_methods(cfg.methods, cfg.base))
-    plan = plan_models(args.target, args.targets, args.draft, args.drafts, needs_draft)
+    plan = plan_models(args.target, args.targets, args.draft, args.drafts, cfg.uses_draft())
     err = Console(stderr=True, highlight=False)
     warning = busy_warning(os.getloadavg()[0], os.cpu_count() or 1)
     if warning:

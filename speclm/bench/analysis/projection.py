@@ -66,7 +66,8 @@ def project(requests: Sequence[dict]) -> list[dict]:
             # a hit waits w_hit for its block, a miss drafts K̄ tokens serially at d each
             round_ms = round_cost((1 - h) * k_bar, d, v, o + h * w_hit)
             projected = 1000.0 * length / round_ms
-            sd_model = 1000.0 * (c_sd["emitted"] / c_sd["rounds"]) / round_cost(c_sd["proposed"] / c_sd["rounds"], d, v, o)
+            sd_round_ms = round_cost(c_sd["proposed"] / c_sd["rounds"], d, v, o)
+            sd_model = 1000.0 * (c_sd["emitted"] / c_sd["rounds"]) / sd_round_ms
             ar = _decode_tok_s(next((recs for (m, _, _), recs in by.items() if m == "ar"), []))
             sd_tok_s = _decode_tok_s(sd)
             rows.append({"category": cat, "target_name": target, "draft_name": draft, "temperature": temp,

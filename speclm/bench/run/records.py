@@ -56,5 +56,6 @@ def timed(arm, scope: str, ids: list[int], params: SamplingParams, head: dict, t
     cpu_s, wall_s = starvation.cpu_clock() - c0, time.perf_counter() - w0
     rec = request_record(result, head)
     rec.update(cpu_s=cpu_s, cpu_share=cpu_s / wall_s if wall_s > 0 else None, threads=threads,
-               starved=starvation.starved(cpu_s, wall_s, threads, policy.min_share, cores), attempt=0, rerun_reason=None)
+               starved=starvation.starved(cpu_s, wall_s, threads, policy.min_share, cores), attempt=0,
+               rerun_reason=None)
     return rec, result

@@ -153,7 +153,7 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
               threads: int | None = None, dataset: str | None = None, variant_quality: bool = False,
               progress: bool = True, speculator=None, kernels: str | None = None) -> dict:
     """Run the sweep over plan's targets × drafts and write every output into out_dir
-    (see write_outputs). Returns {"summary", "manifest", "report"}. kernels: as
+    (see write_outputs). Returns write_outputs' dict. kernels: as
     `LLM(kernels=...)`; every model's choice is in the manifest."""
     if variant_quality and n_ctx < quality.N_CTX:
         raise InvalidRequestError(f"--variant-quality scores texts of up to {quality.N_CTX} tokens: "
@@ -229,7 +229,7 @@ def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path,
                target_spec: str | Backend | None = None, draft_spec: str | Backend | None = None,
                threads: int | None = None, dataset: str | None = None, progress: bool = True) -> dict:
     """Run the sweep on `llm` and write every output file into out_dir.
-    Returns {"summary", "manifest", "report"} (report = path of report.md)."""
+    Returns {"summary", "manifest", "report" (report.md's path), "sections"}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(cfg.configs())
     n_conc = len(cfg.temperatures) * len(cfg.concurrency) * cfg.concurrency_repeats * len(cfg.configs())

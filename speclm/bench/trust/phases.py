@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ..setup.config import BenchConfig
 from ..setup.workloads import Prompt
 
 
@@ -81,9 +82,9 @@ def split(prompts: Sequence[Prompt], parts: int) -> list[tuple[Prompt, ...]] | N
             for f in range(parts)]
 
 
-def plan(prompts: Sequence[Prompt], cfg, *, forgets: bool) -> tuple[list[Phase], list[Phase]]:
-    """(latency passes, concurrency rows) of BenchConfig `cfg` over `prompts` (run order), by
-    the module's rule; `forgets`: each phase runs in a cache scope of its own (in process)."""
+def plan(prompts: Sequence[Prompt], cfg: BenchConfig, *, forgets: bool) -> tuple[list[Phase], list[Phase]]:
+    """(latency passes, concurrency rows) of `cfg` over `prompts` (run order), by the module's
+    rule; `forgets`: each phase runs in a cache scope of its own (in process)."""
     passes = [(t, n, rep, None) for rep in range(cfg.repeats) for t in cfg.temperatures for n in cfg.max_new_tokens]
     rows = [(t, cfg.max_new_tokens[0], rep, n) for t in cfg.temperatures for rep in range(cfg.concurrency_repeats)
             for n in cfg.concurrency]
