@@ -193,7 +193,7 @@ class LLM:
         proposal = self.proposal_of(spec)
         if self._needs_draft(proposal) and not self.has_draft:
             raise InvalidRequestError(f"method {spec.method} needs a draft model: pass draft=NAME|PATH (--draft)")
-        if unused := spec.unused_settings(proposal):
+        if not spec.shared and (unused := [o.dest.replace(".", "_") for o in spec.unused_settings(proposal)]):
             raise InvalidRequestError(
                 f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not read by method {spec.method} "
                 f"(it drafts with {proposal or 'nothing: plain decoding'}): drop "

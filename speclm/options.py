@@ -23,7 +23,7 @@ def option(default: Any, help: str, *, kind: Callable[[str], Any] | None = None,
            choices: Callable[[], tuple[str, ...]] | tuple[str, ...] | None = None,
            request: bool | str = False, cli: bool = True, many: str | None = None,
            metavar: str | None = None, reads: tuple[str, ...] | None = None,
-           default_factory: Callable[[], Any] | None = None) -> Any:
+           default_factory: Callable[[], Any] | None = None, cli_default: Any = None) -> Any:
     """A dataclass field with its user-facing description.
 
     kind: the type of one value on the command line (default: type(default), str
@@ -33,10 +33,12 @@ def option(default: Any, help: str, *, kind: Callable[[str], Any] | None = None,
     string: under that name); cli: has a flag at all; many: the field holds
     several values, given "csv" (comma-separated) or "repeat" (the flag
     repeated); reads: the proposals that use this setting (None: every request),
-    so setting it for another is an error (SpecConfig checks).
+    so setting it for another is an error (SpecConfig checks); cli_default: the
+    command line's default where it deliberately differs from the library's
+    (say why in the help).
     """
     meta = {"help": help, "kind": kind, "flag": flag, "choices": choices, "request": request, "cli": cli,
-            "many": many, "metavar": metavar, "reads": reads}
+            "many": many, "metavar": metavar, "reads": reads, "cli_default": cli_default}
     if default_factory is not None:
         return dataclasses.field(default_factory=default_factory, metadata={"option": meta})
     return dataclasses.field(default=default, metadata={"option": meta})
@@ -58,6 +60,12 @@ class Option:
     many: str | None
     metavar: str | None
     reads: tuple[str, ...] | None
+    cli_default: Any = None
+
+    @property
+    def flag_default(self) -> Any:
+        """The default on the command line."""
+        return self.default if self.cli_default is None else self.cli_default
 
     @property
     def dest(self) -> str:
@@ -77,4 +85,13 @@ def options_of(cls: type, section: str | None = None) -> Iterator[Option]:
         request = f.name if meta["request"] is True else (meta["request"] or None)
         yield Option(f.name, section, default, meta["help"], kind,
                      meta["flag"] or "--" + f.name.replace("_", "-"), choices, request, meta["cli"],
-                     meta["many"], meta["metavar"], meta["reads"])
+                     meta["many"], meta["metavar"], meta["reads"], meta["cli_default"])
+
+
+SWEPT = "; comma-separated values are swept"  # what a sweep adds to the help of the setting it sweeps
+
+
+def described(cls: type, name: str, more: str = "") -> str:
+    """The declared help of `cls.name` (with `more` after it): a setting that sweeps or
+    builds on another one says what that one is in the same words."""
+    return next(o.help for o in options_of(cls) if o.name == name) + more

@@ -32,6 +32,9 @@ from .backends.base import Backend
 from .errors import BackendError, InvalidRequestError
 
 PREFIX_CACHE_TOKENS = 16_384  # the server's and the bench's default bound (~460 MB of KV on the 1.5B)
+PREFIX_CACHE_HELP = ("keep finished requests' KV (prompt and output, host memory) up to N tokens in all, so a "
+                     "prompt that starts like an earlier one of the same scope (an API key; a bench arm) prefills "
+                     "only the rest (~28 KB a token on the default target; 0: off)")
 MIN_REUSE = 8  # tokens: below this a restore is not worth a lookup hit
 MAX_TOKENS = 10_000_000  # an absurd bound is refused rather than grown into
 

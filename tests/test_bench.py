@@ -14,11 +14,13 @@ import pytest
 
 from speclm import LLM
 from speclm.backends.toy import ToyBackend
-from speclm.bench.sweep import run_to_dir
+from speclm.bench.run.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
-from speclm.bench import methods, report, workloads
-from speclm.bench.manifest import describe_model
-from speclm.bench.runner import BenchConfig, busy_warning
+from speclm.bench.analysis import counts, distributions, groups, ratios
+from speclm.bench.run.manifest import describe_model
+from speclm.bench.setup import methods, workloads
+from speclm.bench.setup.config import BenchConfig
+from speclm.bench.trust.quiet import busy_warning
 from speclm.errors import InvalidRequestError
 from speclm.metrics import RoundRecord, per_position_acceptance, summarize
 
@@ -32,11 +34,11 @@ def rounds(pairs):
 
 # ---- arithmetic ---------------------------------------------------------------
 def test_round_counts_and_acceptance_on_a_known_trace():
-    c = report.round_counts(rounds(TRACE))
+    c = counts.round_counts(rounds(TRACE))
     assert (c["rounds"], c["proposed"], c["accepted"], c["emitted"], c["full_accepts"]) == (5, 14, 7, 12, 1)
     assert c["pos_eligible"] == [4, 4, 3, 3] and c["pos_accepted"] == [3, 2, 1, 1]
     assert c["rejection_hist"] == [1, 1, 1, 0]
-    acc = report.acceptance_from_counts(c)
+    acc = counts.acceptance_from_counts(c)
     assert acc["acceptance_rate"] == pytest.approx(0.5)
     assert acc["mean_acceptance_length"] == pytest.approx(12 / 5)
     assert acc["per_position_acceptance"] == pytest.approx([0.75, 0.5, 1 / 3, 1 / 3])
@@ -44,36 +46,36 @@ def test_round_counts_and_acceptance_on_a_known_trace():
     s = summarize(rounds(TRACE), output_tokens=12, wall_ms=100.0, ttft_ms=10.0)
     assert acc["per_position_acceptance"] == pytest.approx(per_position_acceptance(rounds(TRACE)))
     assert (s.acceptance_rate, s.mean_acceptance_length) == pytest.approx((0.5, 2.4))
-    assert report.round_counts([r.to_dict() for r in rounds(TRACE)]) == c
+    assert counts.round_counts([r.to_dict() for r in rounds(TRACE)]) == c
 
 
 def test_merged_counts_equal_counts_of_the_concatenated_trace():
     a, b = TRACE[:2], [(2, 0), (1, 1), (8, 7)]
-    merged = report.merge_counts([report.round_counts(rounds(a)), report.round_counts(rounds(b))])
-    assert merged == report.round_counts(rounds(a + b))
-    assert report.acceptance_from_counts(report.round_counts([]))["acceptance_rate"] is None
+    merged = counts.merge_counts([counts.round_counts(rounds(a)), counts.round_counts(rounds(b))])
+    assert merged == counts.round_counts(rounds(a + b))
+    assert counts.acceptance_from_counts(counts.round_counts([]))["acceptance_rate"] is None
 
 
 def test_percentiles_interpolate_linearly():
     xs = [4.0, 1.0, 3.0, 2.0]
-    assert report.percentile(xs, 50) == pytest.approx(2.5)
-    assert report.percentile(xs, 25) == pytest.approx(1.75)
-    assert report.percentile(xs, 95) == pytest.approx(3.85)
-    assert report.percentile(xs, 99) == pytest.approx(3.97)
-    d = report.distribution([10.0, None, 30.0])
+    assert distributions.percentile(xs, 50) == pytest.approx(2.5)
+    assert distributions.percentile(xs, 25) == pytest.approx(1.75)
+    assert distributions.percentile(xs, 95) == pytest.approx(3.85)
+    assert distributions.percentile(xs, 99) == pytest.approx(3.97)
+    d = distributions.distribution([10.0, None, 30.0])
     assert (d["n"], d["p50"], d["min"], d["max"], d["mean"]) == (2, 20.0, 10.0, 30.0, 20.0)
-    assert report.distribution([])["p50"] is None
+    assert distributions.distribution([])["p50"] is None
     with pytest.raises(ValueError):
-        report.percentile([], 50)
+        distributions.percentile([], 50)
 
 
 def req(method, k, prompt, rep, wall, category="code", temp=0.0, tokens=10, identical=None, trace=((2, 1),)):
-    counts = report.round_counts(rounds(trace if method != "ar" else [(0, 0)] * tokens))
+    trace_counts = counts.round_counts(rounds(trace if method != "ar" else [(0, 0)] * tokens))
     return {"request_id": f"{method}{k}-{prompt}-{rep}", "category": category, "method": method, "k": k,
             "prompt_index": prompt, "repeat": rep, "temperature": temp, "max_new_tokens": 16,
             "wall_ms": wall, "prefill_ms": 10.0, "output_tokens": tokens, "tokens_per_s": 1000 * tokens / wall,
             "ttft_ms": wall / 10, "tpot_ms": wall / 20, "draft_ms": wall / 4, "verify_ms": wall / 2,
-            **counts, "identity": None if identical is None else {
+            **trace_counts, "identity": None if identical is None else {
                 "identical": identical, "compared_tokens": tokens, "first_divergence": None if identical else 3,
                 "ar_token": None, "sd_token": None, "ar_top2_margin": None if identical else 0.01}}
 
@@ -87,10 +89,10 @@ RECORDS = [r for rep, (ar0, ar1) in enumerate([(100.0, 200.0), (110.0, 220.0)]) 
 
 
 def test_speedup_is_ratio_of_wall_totals_with_per_pair_spread():
-    pairs = [(m, a) for m, a in report.pair_with_ar(RECORDS) if m["method"] == "sd-ngram"]
+    pairs = [(m, a) for m, a in ratios.pair_with_ar(RECORDS) if m["method"] == "sd-ngram"]
     assert len(pairs) == 4 and all(a["method"] == "ar" and a["prompt_index"] == m["prompt_index"]
                                    and a["repeat"] == m["repeat"] for m, a in pairs)
-    s = report.speedup_stats(pairs)
+    s = ratios.speedup_stats(pairs)
     assert s["speedup"] == pytest.approx(630 / 945)
     assert s["decode_speedup"] == pytest.approx((630 - 40) / (945 - 40))
     d = s["speedup_dist"]
@@ -99,7 +101,7 @@ def test_speedup_is_ratio_of_wall_totals_with_per_pair_spread():
 
 
 def test_group_rows_verdicts_and_identity():
-    rows = {(r["method"], r["k"]): r for r in report.group_rows(RECORDS)}
+    rows = {(r["method"], r["k"]): r for r in groups.group_rows(RECORDS)}
     assert rows[("ar", 0)]["speedup"] == 1.0 and rows[("ar", 0)]["identity"] is None
     ngram, draft = rows[("sd-ngram", 4)], rows[("sd-draft", 2)]
     assert ngram["identity"] == {"compared": 4, "identical": 3}
@@ -107,20 +109,20 @@ def test_group_rows_verdicts_and_identity():
     assert ngram["acceptance_rate"] == pytest.approx(0.5) and ngram["mean_acceptance_length"] == pytest.approx(2.0)
     assert rows[("ar", 0)]["tokens_per_s"] == pytest.approx(1000 * 40 / 630)
     assert ngram["latency_ms"]["p50"] == pytest.approx((55 + 400) / 2)  # walls 50, 55, 400, 440
-    (v,) = report.verdicts(list(rows.values()))
+    (v,) = groups.verdicts(list(rows.values()))
     assert v["enable"] and v["best"] == {"method": "sd-draft", "k": 2}
     assert v["evidence"].startswith("yes: sd-draft K=2 1.25× (p50") and "2/2 prompts faster" in v["evidence"]
     only_ngram = [r for r in rows.values() if r["method"] != "sd-draft"]
-    (v,) = report.verdicts(only_ngram)  # p50 1.25× but 0.67× in total: not worth enabling
+    (v,) = groups.verdicts(only_ngram)  # p50 1.25× but 0.67× in total: not worth enabling
     assert not v["enable"] and v["evidence"] == ("no: best method sd-ngram K=4 1.25× AR (p50; total 0.67×), "
                                                  "1/2 prompts faster")
-    divs = report.divergences(RECORDS)
+    divs = groups.divergences(RECORDS)
     assert [(d["method"], d["prompt_index"], d["repeat"]) for d in divs] == [("sd-ngram", 1, 1)]
 
 
 def test_rows_per_category_and_overall():
     recs = RECORDS + [dict(r, category="chat", request_id=r["request_id"] + "c") for r in RECORDS]
-    rows = report.group_rows(recs)
+    rows = groups.group_rows(recs)
     assert [r["category"] for r in rows if r["method"] == "ar"] == ["code", "chat", "all"]
     overall = next(r for r in rows if r["category"] == "all" and r["method"] == "sd-ngram")
     assert overall["speedup"] == pytest.approx(630 / 945) and overall["prompts"] == 4
@@ -206,10 +208,12 @@ def parser():
 def test_quick_defaults_and_overrides():
     v = bench_cli.resolve_args(parser().parse_args(["bench", "--quick"]))
     cfg = v["config"]
-    assert (cfg.ks, cfg.temperatures, cfg.max_new_tokens, v["prompts_per_category"]) == ([4], [0.0], [48], 2)
+    assert (cfg.ks, cfg.temperatures, cfg.max_new_tokens, v["workload"].prompts_per_category) == ([4], [0.0], [48], 2)
     v = bench_cli.resolve_args(parser().parse_args(["bench", "--quick", "--k", "2,3", "--temperature", "0,0.7"]))
-    assert (v["config"].ks, v["config"].temperatures, v["categories"]) == ([2, 3], [0.0, 0.7], bench_cli.QUICK["categories"])
-    assert bench_cli.resolve_args(parser().parse_args(["bench", "--quick", "--dataset", "q.jsonl"]))["categories"] is None
+    assert (v["config"].ks, v["config"].temperatures, v["workload"].categories) == \
+        ([2, 3], [0.0, 0.7], bench_cli.QUICK["categories"])
+    assert bench_cli.resolve_args(parser().parse_args(["bench", "--quick", "--dataset", "q.jsonl"]))[
+        "workload"].categories is None
     with pytest.raises(SystemExit):
         parser().parse_args(["bench", "--k", "two"])
     with pytest.raises(InvalidRequestError, match="K must be an integer"):
@@ -302,20 +306,20 @@ def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
 
 
 def test_load_is_recorded_and_a_machine_that_gets_busy_is_flagged(monkeypatch):
-    from speclm.bench import runner
+    from speclm.bench.run import sequential
     loads = iter([(0.2, 0.2, 0.2)] + [(9.0, 9.0, 9.0)] * 100)
-    monkeypatch.setattr(runner.os, "getloadavg", lambda: next(loads))
-    monkeypatch.setattr(runner.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(sequential.os, "getloadavg", lambda: next(loads))
+    monkeypatch.setattr(sequential.os, "cpu_count", lambda: 2)
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
     prompts = [workloads.Prompt("t", 0, (0, 1, 2, 0, 1), chat=False)]
-    run = runner.run_bench(llm, prompts, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[6]))
+    run = sequential.run_bench(llm, prompts, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[6]))
     assert run.load_before == (0.2, 0.2, 0.2) and run.load_after == (9.0, 9.0, 9.0)
     assert [r["method"] for r in run.requests] == ["ar", "sd-ngram"] and run.requests[0]["load1"] == 9.0
     assert len(run.warnings) == 1 and "BUSY DURING THE RUN" in run.warnings[0]
 
 
 def test_manifest_names_a_prepared_variant_with_its_recorded_sha256(monkeypatch):
-    from speclm.bench import manifest
+    from speclm.bench.run import manifest
     monkeypatch.setattr(manifest, "read_manifest", lambda: {
         "smollm2-135m@q8_0": {"sha256": "ab" * 32, "size": 5, "quant": "q8_0", "source_sha256": "cd" * 32}})
     d = manifest.describe_model("smollm2-135m@q8_0", None)
@@ -355,20 +359,22 @@ def test_copy_categories_are_chat_prompts_that_fit_and_hold_what_they_promise(sm
 
 def test_prompts_run_per_category_in_index_order():
     """The runner groups a category's prompts (categories in first-seen order) and runs them by index."""
-    from speclm.bench import runner
+    from speclm.bench.run import sequential
     p = [workloads.Prompt(c, i, (0, 1, 2, i), chat=False) for c, i in (("b", 1), ("a", 0), ("b", 0), ("a", 1))]
-    assert [(x.category, x.index) for x in runner.run_order(p)] == [("b", 0), ("b", 1), ("a", 0), ("a", 1)]
+    assert [(x.category, x.index) for x in sequential.run_order(p)] == [("b", 0), ("b", 1), ("a", 0), ("a", 1)]
     ordered = workloads.load_builtin(["multi-turn-edit", "extract"], 3)
-    assert runner.run_order(ordered) == ordered
+    assert sequential.run_order(ordered) == ordered
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
-    run = runner.run_bench(llm, p, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[4], repeats=2))
+    run = sequential.run_bench(llm, p, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[4], repeats=2))
     assert [(r["repeat"], r["category"], r["prompt_index"]) for r in run.requests if r["method"] == "ar"] == [
         (rep, c, i) for rep in (0, 1) for c, i in (("b", 0), ("b", 1), ("a", 0), ("a", 1))]
 
 
 def test_halves_on_known_records():
     """RECORDS: sd-ngram K=4 is 2× on prompt 0 and 0.5× on prompt 1; sd-draft 1.25× on both."""
-    from speclm.bench import halves
+    from speclm.bench.analysis import halves
+    from speclm.bench.output.sections import lines_of
+    from speclm.bench.output.speculation import halves_section
     assert halves.split([4, 0, 2, 1, 3, 0]) == ([0, 1], [2, 3, 4])
     rows = {(r["method"], r["half"]): r for r in halves.halves(RECORDS)}
     assert set(rows) == {("sd-ngram", 1), ("sd-ngram", 2), ("sd-draft", 1), ("sd-draft", 2)}
@@ -378,7 +384,7 @@ def test_halves_on_known_records():
     assert rows[("sd-draft", 1)]["speedup"] == rows[("sd-draft", 2)]["speedup"] == pytest.approx(1.25)
     assert all(r["requests"] == 2 and r["acceptance_rate"] == pytest.approx(0.5) for r in rows.values())
     assert halves.halves([r for r in RECORDS if r["prompt_index"] == 0]) == []  # one prompt: no halves
-    md = "\n".join(halves.render(list(rows.values())))
+    md = "\n".join(lines_of(halves_section(list(rows.values()))))
     assert "## First half vs second half" in md
     assert "| code | sd-ngram K=4 | 0 | 0–0 / 1–1 | 2.00× → 0.50× |" in md
 
@@ -411,7 +417,7 @@ def test_toy_run_reports_halves_computed_from_each_halfs_requests(tmp_path):
 
 
 def test_curve_is_acceptance_per_block_of_drafting_rounds_in_run_order():
-    from speclm.bench.heads_report import curve
+    from speclm.bench.analysis.heads import curve
     recs = [{"round_pa": [[3, 0]] * 50 + [[0, 0]] * 7}, {"round_pa": [[3, 3]] * 50 + [[3, 1]] * 130}]
     assert curve(recs, block=100) == pytest.approx([150 / 300, 100 / 300])  # K = 0 rounds and the partial last block do not count
 
@@ -446,8 +452,8 @@ def test_repeated_concurrency_rows_alternate_who_runs_first_and_pair_within_a_re
     order = [(c["repeat"], c["concurrency"], c["method"]) for c in summary["concurrency"]]
     assert order == [(0, 1, "ar"), (0, 1, "sd-suffix"), (0, 2, "sd-suffix"), (0, 2, "ar"),
                      (1, 1, "sd-suffix"), (1, 1, "ar"), (1, 2, "ar"), (1, 2, "sd-suffix")]
-    assert {s for s in llm.suffix_cache_stats() if s} == {"bench-arm1"} | {f"bench-concurrency-arm1-{n}-T0-r{r}"
-                                                                         for n in (1, 2) for r in (0, 1)}
+    assert {s for s in llm.suffix_cache_stats() if s} == {"bench-arm1-T0-n8-r0"} | {
+        f"bench-concurrency-arm1-{n}-T0-r{r}" for n in (1, 2) for r in (0, 1)}
     tok_s = {(c["repeat"], c["concurrency"], c["method"]): c["throughput_tok_s"] for c in summary["concurrency"]}
     by = {(e["concurrency"], e["method"]): e for e in summary["concurrency_paired"]}
     ratios = sorted(tok_s[r, 2, "sd-suffix"] / tok_s[r, 2, "ar"] for r in (0, 1))
@@ -462,7 +468,7 @@ def test_repeated_concurrency_rows_alternate_who_runs_first_and_pair_within_a_re
 
 
 def test_paired_concurrency_ratios_match_rows_of_the_same_repeat_and_target():
-    from speclm.bench.scaling import paired
+    from speclm.bench.analysis.scaling import paired
     def row(rep, n, method, tok_s, target="a"):
         return {"temperature": 0.0, "repeat": rep, "concurrency": n, "method": method, "k": 0 if method == "ar" else 16,
                 "throughput_tok_s": tok_s, "target": target}
@@ -482,15 +488,16 @@ def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own()
     """The sequential part filled the suffix cache with every prompt's answer; a
     concurrency row drafting from it, or from another arm's row, would replay them.
     Each row of each arm learns anew."""
-    from speclm.bench import runner
+    from speclm.bench.run import sequential
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=2)
     prompts = [workloads.Prompt("t", i, (0, 1, 2, i % 6, 1), chat=False) for i in range(3)]
-    runner.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3, 4], max_new_tokens=[8],
+    sequential.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3, 4], max_new_tokens=[8],
                                                concurrency=[2]))
     stats = llm.suffix_cache_stats()
     rows = {"bench-concurrency-arm1-2-T0-r0", "bench-concurrency-arm2-2-T0-r0"}  # arm 0 is AR
-    assert set(stats) == {None, "bench-arm1", "bench-arm2"} | rows  # None: the warm-up's
-    for scope in rows | {"bench-arm1", "bench-arm2"}:
+    passes = {"bench-arm1-T0-n8-r0", "bench-arm2-T0-n8-r0"}  # arm × (T, max_new_tokens, repeat)
+    assert set(stats) == {None} | passes | rows  # None: the warm-up's
+    for scope in rows | passes:
         assert stats[scope]["added_requests"] == 3  # the row's (the arm's) own prompts, once each
 
 
@@ -507,7 +514,8 @@ def test_each_arm_and_concurrency_row_reuses_only_its_own_prompt_kv(tmp_path):
     cached = {(r["method"], r["prompt_index"]): r["cached_prompt_tokens"] for r in recs}
     assert cached == {(m, i): 0 if i == 0 else len(start) for m in ("ar", "sd-suffix") for i in range(3)}
     scopes = llm.prefix_cache_stats()
-    assert {s: scopes[s]["hits"] for s in ("bench-arm0", "bench-arm1")} == {"bench-arm0": 2, "bench-arm1": 2}
+    passes = ("bench-arm0-T0-n8-r0", "bench-arm1-T0-n8-r0")
+    assert {s: scopes[s]["hits"] for s in passes} == dict.fromkeys(passes, 2)
     rows = [s for s in scopes if s and s.startswith("bench-concurrency")]
     assert len(rows) == 2 and all(scopes[s]["lookups"] == 3 and scopes[s]["hits"] == 2 for s in rows)
     conc = [json.loads(line) for line in (tmp_path / "out" / "concurrency.jsonl").read_text().splitlines()]

@@ -1,4 +1,4 @@
-"""The copy ceiling (speclm.bench.ceiling): a perfect controller's speedup with a
+"""The copy ceiling (speclm.bench.analysis.ceiling): a perfect controller's speedup with a
 run's drafts and cost curve. Hand-made token sequences with known answers, the
 oracle bounding the real suffix drafter at every position. The real-model run
 that reports it is test_bench.py's SmolLM2 end-to-end test."""
@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speclm.bench import ceiling
+from speclm.bench.analysis import ceiling
+from speclm.bench.output.sections import lines_of
+from speclm.bench.output.speculation import ceiling_section
 from speclm.costs import cost_ratios
 from speclm.sampling import SamplingParams
 from speclm.speculative.proposers.suffix import SuffixProposer
@@ -132,7 +134,7 @@ def test_render_sets_the_ceiling_beside_the_suffix_methods_measured_speedup():
            "best_tokens_per_round": 1.9}
     summary_rows = [{"category": "edit", "method": m, "k": 16, "temperature": 0.0, "max_new_tokens": 64,
                      "target_name": "t", "decode_speedup": s} for m, s in (("auto", 1.03), ("sd-ngram", 0.9))]
-    text = "\n".join(ceiling.render([row], summary_rows))
+    text = "\n".join(lines_of(ceiling_section([row], summary_rows, several_targets=False)))
     assert "## Copy ceiling" in text and "auto K=16 1.03×" in text and "sd-ngram" not in text
     assert "1.19× (1.50 tok/round)" in text and "1.31× (1.90 tok/round)" in text
-    assert ceiling.render([], summary_rows) == []
+    assert lines_of(ceiling_section([], summary_rows, several_targets=False)) == []

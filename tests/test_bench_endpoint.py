@@ -2,9 +2,11 @@
 OpenAI-compatible servers through the real `openai` client. Two speclm servers on
 127.0.0.1 (an AR one and an `auto` one; exact toy models, then SmolLM2) must give
 B-vs-A verdicts, latency distributions, throughput per concurrency, identical
-greedy outputs and the servers' speculation counters. Bad endpoints (nothing
-listening, a wrong key, an HTML server, a server that never answers) must each
-end in one `speclm: error:` line naming the fix, with what was measured kept."""
+greedy outputs and the servers' speculation counters. A fake server that records what
+it is sent shows that no phase resends a prompt unflagged and that no row has more
+requests in flight than it has prompts. Bad endpoints (nothing listening, a wrong
+key, an HTML server, a server that never answers) must each end in one
+`speclm: error:` line naming the fix, with what was measured kept."""
 
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ import pytest
 
 from speclm import LLM, SpecConfig
 from speclm.backends.toy import ToyBackend
-from speclm.bench import endpoint_metrics
-from speclm.bench.endpoint import EndpointError, base_url
+from speclm.bench.endpoint import metrics as endpoint_metrics
+from speclm.bench.endpoint.client import EndpointError, base_url
 from speclm.commands import main
 from speclm.server import ServerConfig, create_app
 from speclm.commands.serve import add_serve_parser, build_app
@@ -100,6 +102,10 @@ def test_ar_and_auto_toy_servers_compared_per_category(tmp_path, capsys, monkeyp
                for v in summary["verdicts"])
     assert [(c["endpoint"], c["concurrency"], c["requests"]) for c in summary["concurrency"]] == [
         ("A", 1, 4), ("B", 1, 4), ("A", 2, 4), ("B", 2, 4)]
+    # 2 prompts a category cannot give 4 phases prompts of their own: every phase after the first replays
+    assert [p["replay"] for p in summary["phases"]] == [False, True, True, True]
+    assert [r["replay"] for r in requests] == [False] * 8 + [True] * 8
+    assert all(c["replay"] for c in summary["concurrency"])
     assert all(c["throughput_tok_s"] > 0 and c["itl_ms"]["p99"] is not None for c in summary["concurrency"])
     assert {(r["endpoint"], r["category"]) for r in summary["latency"]} == {
         (e, c) for e in "AB" for c in ("code", "talk")}
@@ -147,7 +153,8 @@ def test_smollm_ar_server_against_an_auto_server(tmp_path, capsys, monkeypatch):
     assert all(r["model"] == "smollm2-135m" and r["prompt_tokens"] > 10 for r in requests)
     ident = summary["identity"]
     assert ident["compared"] == 2 and ident["identical"] + len(ident["divergences"]) == 2
-    assert [c["concurrency"] for c in summary["concurrency"]] == [1, 1, 4, 4]
+    assert [(c["concurrency_requested"], c["concurrency"]) for c in summary["concurrency"]] == [
+        (1, 1), (1, 1), (4, 2), (4, 2)]  # 2 prompts: N = 4 keeps 2 in flight
     assert {e["speculation"]["source"] for e in summary["endpoints"]} == {"speclm"}
     assert "is B faster for humaneval (T=0)?" in capsys.readouterr().out
 
@@ -186,23 +193,25 @@ def test_nothing_listening_is_a_one_line_error(tmp_path, capsys):
 def test_a_wrong_key_is_named_with_the_flag_that_fixes_it(tmp_path, capsys):
     out = tmp_path / "o"
     with live(toy_server("ar")) as a, live(toy_server("auto", api_key="sekret")) as b:
-        line = failing(capsys, "--endpoint", a, "--endpoint-b", b, "--api-key-b", "wrong",
+        line = failing(capsys, "--endpoint", a, "--endpoint-b", b, "--endpoint-api-key-b", "wrong",
                        "--dataset", str(dataset(tmp_path)), "--out", str(out))
     assert line == (f"speclm: error: endpoint B ({b}) refused the API key (HTTP 401) on GET /v1/models: pass the "
-                    f"server's key with --api-key-b (or SPECLM_API_KEY) (partial results in {out})")
+                    f"server's key with --endpoint-api-key-b (or SPECLM_API_KEY) (partial results in {out})")
     partial(out)
 
 
 class HtmlHandler(http.server.BaseHTTPRequestHandler):
     """Not an API: an HTML page for everything."""
 
-    def _page(self):
-        body = b"<html><body><h1>Welcome</h1></body></html>"
+    def _reply(self, body: bytes, content_type: str) -> None:
         self.send_response(200)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _page(self):
+        self._reply(b"<html><body><h1>Welcome</h1></body></html>", "text/html; charset=utf-8")
 
     do_GET = _page
 
@@ -220,12 +229,8 @@ class ModelsThenSilence(HtmlHandler):
     release = threading.Event()
 
     def do_GET(self):
-        body = json.dumps({"object": "list", "data": [{"id": "slow", "object": "model"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self._reply(json.dumps({"object": "list", "data": [{"id": "slow", "object": "model"}]}).encode(),
+                    "application/json")
 
     def do_POST(self):
         self.release.wait(30)
@@ -260,11 +265,11 @@ def test_a_server_that_never_answers_times_out_within_the_request_timeout(tmp_pa
     out = tmp_path / "o"
     with live(toy_server("ar")) as a, http_server(ModelsThenSilence) as b:
         t0 = time.monotonic()
-        line = failing(capsys, "--endpoint", a, "--endpoint-b", b, "--request-timeout", "1",
+        line = failing(capsys, "--endpoint", a, "--endpoint-b", b, "--endpoint-timeout", "1",
                        "--dataset", str(dataset(tmp_path)), "--max-new-tokens", "6", "--out", str(out))
         assert time.monotonic() - t0 < 20  # bounded by the timeout, not by the server
     assert line == (f"speclm: error: endpoint B ({b}) did not answer POST /v1/completions within 1 s: raise "
-                    f"--request-timeout or check that the server is not stuck (partial results in {out})")
+                    f"--endpoint-timeout or check that the server is not stuck (partial results in {out})")
     summary = partial(out)
     kept = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert summary["requests"] == len(kept) == 0  # B's warm-up failed: nothing was timed yet
@@ -273,15 +278,15 @@ def test_a_server_that_never_answers_times_out_within_the_request_timeout(tmp_pa
 
 def test_a_timeout_mid_run_keeps_the_requests_already_measured(tmp_path, capsys, monkeypatch):
     """The warm-up passes, the third timed request hangs: the first two stay on disk and in the summary."""
-    from speclm.bench import endpoint
-    real, calls = endpoint.stream_one, []
+    from speclm.bench.endpoint import client
+    real, calls = client.stream_one, []
 
     def flaky(ep, prompt, *a, **kw):
         calls.append(ep.label)
         if len(calls) == 5:  # warm-ups A, B; timed A, B on prompt 0; then A on prompt 1
-            raise endpoint.explain(TimeoutError(), ep.label, ep.url, "POST /v1/completions", ep.timeout)
+            raise client.explain(TimeoutError(), ep.label, ep.url, "POST /v1/completions", ep.timeout)
         return real(ep, prompt, *a, **kw)
-    monkeypatch.setattr(endpoint, "stream_one", flaky)
+    monkeypatch.setattr(client, "stream_one", flaky)
     out = tmp_path / "o"
     with live(toy_server("ar")) as a, live(toy_server("auto")) as b:
         line = failing(capsys, "--endpoint", a, "--endpoint-b", b, "--dataset", str(dataset(tmp_path)),
@@ -300,6 +305,114 @@ def test_flags_that_make_no_sense_with_an_endpoint_fail_before_any_traffic(capsy
     assert "--methods, --k do not apply with --endpoint" in capsys.readouterr().err
     assert main(["bench", "--endpoint", "127.0.0.1:8000"]) == 1
     assert "is not an http(s) URL: give the server's base URL, e.g. http://127.0.0.1:8000" in capsys.readouterr().err
+
+
+# ---- fresh prompts per phase, and N never above the requests a row has ----------------------------
+class FakeOpenAI(HtmlHandler):
+    """An OpenAI-compatible server that remembers every prompt it is sent and the most
+    requests it had in flight at once, and streams "abc" after `hold` seconds (so
+    requests sent together overlap). `fake_openai()` gives each test a class of its own."""
+
+    sent: list[str]
+    now: int
+    peak: int
+    lock: threading.Lock
+    hold = 0.25
+
+    def do_GET(self):
+        if self.path.rstrip("/") != "/v1/models":
+            self.send_error(404)
+            return
+        self._reply(json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}).encode(),
+                    "application/json")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        chat = self.path.endswith("/chat/completions")
+        cls = type(self)
+        with cls.lock:
+            cls.sent.append(body["messages"][0]["content"] if chat else body["prompt"])
+            cls.now += 1
+            cls.peak = max(cls.peak, cls.now)
+        try:
+            time.sleep(self.hold)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            kind = "chat.completion.chunk" if chat else "text_completion"
+            for i, piece in enumerate("abc"):
+                choice = {"index": 0, "finish_reason": "length" if i == 2 else None,
+                          **({"delta": {"content": piece}} if chat else {"text": piece, "logprobs": None})}
+                self.wfile.write(b"data: " + json.dumps({"id": "x", "object": kind, "created": 0, "model": "fake",
+                                                         "choices": [choice]}).encode() + b"\n\n")
+            usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+            self.wfile.write(b"data: " + json.dumps({"id": "x", "object": kind, "created": 0, "model": "fake",
+                                                     "choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
+        finally:
+            with cls.lock:
+                cls.now -= 1
+
+
+def fake_openai() -> type[FakeOpenAI]:
+    return type("Fake", (FakeOpenAI,), {"sent": [], "now": 0, "peak": 0, "lock": threading.Lock()})
+
+
+def prompt_file(tmp_path: Path, per_category: dict[str, int]) -> Path:
+    lines = [{"category": c, "prompt": f"{c} prompt {i}", "chat": c != "raw"} for c, n in per_category.items()
+             for i in range(n)]
+    path = tmp_path / "p.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_six_prompts_at_concurrency_16_are_6_in_flight_and_every_resend_is_flagged_a_replay(tmp_path, capsys,
+                                                                                           monkeypatch):
+    """Two prompts a category cannot give 3 phases prompts of their own: every phase sends all
+    6, the two concurrency rows are flagged replays, and the 16 row keeps 6 in flight."""
+    monkeypatch.setenv("COLUMNS", "200")
+    fake, out = fake_openai(), tmp_path / "o"
+    with http_server(fake) as url:
+        assert main(["bench", "--endpoint", url, "--dataset", str(prompt_file(tmp_path, {"raw": 2, "b": 2, "c": 2})),
+                     "--max-new-tokens", "3", "--concurrency", "1,16", "--no-wait-quiet", "--out", str(out)]) == 0
+    requests, summary, _, md = load(out)
+    prompts = [f"{c} prompt {i}" for c in ("raw", "b", "c") for i in range(2)]
+    assert fake.sent[0] == prompts[0][::-1] and fake.sent[1:13] == prompts * 2  # the warm-up, latency, N=1
+    assert sorted(fake.sent[13:]) == sorted(prompts)  # N=16, in whatever order the 6 arrived
+    assert fake.peak == 6
+    rows = summary["concurrency"]
+    assert [(c["concurrency_requested"], c["concurrency"], c["requests"]) for c in rows] == [(1, 1, 6), (16, 6, 6)]
+    assert [c["in_flight_peak"] for c in rows] == [1, 6] and all(c["replay"] for c in rows)
+    assert [p["replay"] for p in summary["phases"]] == [False, True, True]
+    assert not any(r["replay"] for r in requests) and {r["phase"] for r in requests} == {"latency T=0 3 tokens repeat 1"}
+    replay, capped = summary["warnings"]
+    assert replay.startswith("2 of 3 phases resend prompts their server was sent earlier in this run")
+    assert capped == "--concurrency 16 ran as N = 6: a row has only 6 prompts, so no more requests were in flight"
+    assert "| A | 6 (16 asked) | 6 | REPLAY |" in md and "## Prompts per phase" in md
+    console = capsys.readouterr().out
+    assert "A N=6 (16 asked) REPLAY:" in console and "A N=1 REPLAY:" in console
+
+
+def test_a_server_is_never_sent_a_prompt_twice_when_every_category_has_one_per_phase(tmp_path):
+    """6 prompts a category, 4 phases (2 repeats, N = 1 and 4): each phase takes a contiguous
+    run of every category, so each server gets each prompt once; A and B the same ones."""
+    a, b, out = fake_openai(), fake_openai(), tmp_path / "o"
+    data = prompt_file(tmp_path, {"raw": 6, "chat": 6})
+    with http_server(a) as url_a, http_server(b) as url_b:
+        assert main(["bench", "--endpoint", url_a, "--endpoint-b", url_b, "--dataset", str(data), "--repeats", "2",
+                     "--max-new-tokens", "3", "--concurrency", "1,4", "--no-wait-quiet", "--out", str(out)]) == 0
+    requests, summary, _, md = load(out)
+    prompts = [f"{c} prompt {i}" for c in ("raw", "chat") for i in range(6)]
+    for fake in (a, b):
+        assert fake.sent[0] == prompts[0][::-1] and sorted(fake.sent[1:]) == sorted(prompts)
+    assert [len(p["prompts"]) for p in summary["phases"]] == [2, 4, 2, 4] and not any(
+        p["replay"] for p in summary["phases"])
+    assert [(r["repeat"], r["category"], r["prompt_index"]) for r in requests if r["endpoint"] == "A"] == [
+        (0, "raw", 0), (0, "chat", 0), (1, "raw", 1), (1, "raw", 2), (1, "chat", 1), (1, "chat", 2)]
+    rows = summary["concurrency"]
+    assert [(c["endpoint"], c["concurrency"], c["requests"], c["replay"]) for c in rows] == [
+        ("A", 1, 2, False), ("B", 1, 2, False), ("A", 4, 4, False), ("B", 4, 4, False)]
+    assert [c["in_flight_peak"] for c in rows] == [1, 1, 4, 4] and a.peak == b.peak == 4
+    assert summary["warnings"] == [] and "| REPLAY |" not in md and "| fresh |" in md
 
 
 # ---- the pieces ----------------------------------------------------------------------------

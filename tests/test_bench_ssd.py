@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from speclm.bench.projection import project, render
-from speclm.bench.report import render_ssd, ssd_stats
-from speclm.bench.runner import ssd_counts
+from speclm.bench.analysis.counts import ssd_counts
+from speclm.bench.analysis.groups import ssd_stats
+from speclm.bench.analysis.projection import project
+from speclm.bench.output.sections import lines_of
+from speclm.bench.output.speculation import projection_section, ssd_section
 from speclm.metrics import RoundRecord
 
 
@@ -46,14 +48,14 @@ def test_projection_follows_its_formula_from_measured_parts():
     assert row["projected_vs_ar"] == pytest.approx(row["ssd_decode_tok_s_projected"] / 20.0)
     assert row["sd_decode_tok_s_modelled"] == pytest.approx(1000 * 4.5 / (50 + 10 + 4.0 * 10))
     assert row["projected_vs_sd"] == pytest.approx(row["ssd_decode_tok_s_projected"] / row["sd_decode_tok_s_modelled"])
-    text = "\n".join(render([row]))
+    text = "\n".join(lines_of(projection_section([row])))
     assert "PROJECTION, not a measurement" in text and "ssd PROJECTED" in text
-    assert project([ar, sd]) == [] and render([]) == []
+    assert project([ar, sd]) == [] and lines_of(projection_section([])) == []
 
 
 def test_ssd_section_appears_only_for_ssd_rows():
     row = {"category": "humaneval", "method": "ssd", "k": 4, "temperature": 0.0, "mean_acceptance_length": 4.5,
            "ssd": {"hit_rate": 0.8, "hit_rate_by_k": {"4": 0.9}, "wait_ms_per_round": 3.0,
                    "busy_ms_per_round": 100.0}}
-    assert "k=4:0.90" in "\n".join(render_ssd([row]))
-    assert render_ssd([{**row, "ssd": None}]) == []
+    assert "k=4:0.90" in "\n".join(lines_of(ssd_section([row])))
+    assert lines_of(ssd_section([{**row, "ssd": None}])) == []

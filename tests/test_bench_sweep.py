@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from speclm.commands import bench as bench_cli
-from speclm.bench import sweep
+from speclm.bench.run import sweep
+from speclm.bench.output.results import table_rows
 from speclm.errors import InvalidRequestError, ModelError
 from speclm.models import variants
 
@@ -117,7 +118,7 @@ def test_rows_never_pool_targets_or_drafts(swept: Path) -> None:
     assert len(sd) == 2 * 2 * 2 and all(r["requests"] == 1 and r["prompts"] == 1 for r in sd)
     assert len({(r["target"], r["draft"], r["k"]) for r in sd}) == 8
     assert {v["target_name"] for v in summary["verdicts"]} <= {SMOL, Q8} and len(summary["verdicts"]) == 2
-    table = bench_cli.table_rows(summary)
+    table = table_rows(summary["rows"], summary["config"]["max_new_tokens"])
     assert len({row[1] for row in table}) == len(table)  # every label names its target (+ draft)
     assert any(f"[{Q8} + {SMOL}]" in row[1] for row in table)
 

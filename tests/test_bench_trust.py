@@ -1,7 +1,9 @@
 """Can a bench result be trusted? Contamination (requests starved of CPU by another
-process: flagged, re-run with their AR partner, bounded, reported) and honest
-ratios (time per token, prefill and decode apart, the Σ-wall ratio only over
-outputs of equal length). Synthetic numbers pin the rules; the toy model with a
+process: flagged, re-run with their AR partner, bounded, reported), fresh prompts
+for every phase (a server that keeps what it was sent is never timed replaying it
+unflagged) and no more requests in flight than a row has, and honest ratios (time
+per token, prefill and decode apart, the Σ-wall ratio only over outputs of equal
+length). Synthetic numbers pin the rules; the toy model with a
 scripted CPU clock pins the re-run bookkeeping exactly; SmolLM2 beside real
 busy-loop processes shows the check firing on a real starvation."""
 
@@ -16,12 +18,19 @@ import pytest
 
 from speclm import LLM
 from speclm.backends.toy import ToyBackend
-from speclm.bench.sweep import run_to_dir
+from speclm.bench.run.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
-from speclm.bench import contamination, report, workloads
-from speclm.bench.contamination import TrustPolicy, starved, wait_for_quiet
-from speclm.bench.ratios import speedup_stats
-from speclm.bench.runner import BenchConfig
+from speclm.bench.analysis.counts import round_counts
+from speclm.bench.analysis.groups import group_rows, verdicts
+from speclm.bench.analysis.ratios import pair_with_ar, speedup_stats
+from speclm.bench.output.results import MAIN_HEADER, identity_note, table_rows
+from speclm.bench.setup import workloads
+from speclm.bench.setup.config import BenchConfig
+from speclm.bench.run.sequential import run_bench
+from speclm.bench.trust import phases, starvation
+from speclm.bench.trust.policy import TrustPolicy
+from speclm.bench.trust.quiet import wait_for_quiet
+from speclm.bench.trust.starvation import starved
 
 
 # ---- the flagging rule -----------------------------------------------------------
@@ -82,7 +91,7 @@ def test_wait_for_quiet_polls_until_the_load_falls_and_is_bounded_in_time():
 
 # ---- re-runs, exactly: the toy model and a scripted CPU clock ----------------------------------
 class ScriptedCpu:
-    """contamination.cpu_clock for the toy: each request reads it twice (start, end); the
+    """starvation.cpu_clock for the toy: each request reads it twice (start, end); the
     end reading makes the request starved (0 CPU seconds) when the script says so."""
 
     def __init__(self, starved_calls: set[int]):
@@ -97,7 +106,7 @@ class ScriptedCpu:
 
 
 def toy_run(tmp_path, monkeypatch, starved_calls, methods=("sd-ngram",), name="out", **trust):
-    monkeypatch.setattr(contamination, "cpu_clock", ScriptedCpu(set(starved_calls)))
+    monkeypatch.setattr(starvation, "cpu_clock", ScriptedCpu(set(starved_calls)))
     target = ToyBackend(6, seed=4, n_ctx=256)
     target.n_threads = 1  # judged as a one-thread backend
     prompts = [workloads.Prompt("seq", i, p, chat=False) for i, p in enumerate(
@@ -171,6 +180,83 @@ def test_a_method_that_learns_across_requests_is_flagged_but_never_replayed(tmp_
     assert left["why_not_rerun"].startswith("not re-run: the method learns across requests")
 
 
+# ---- fresh prompts per phase, and N never above the requests a row has ----------------------------
+def prompt_set(**per_category: int) -> list[workloads.Prompt]:
+    return [workloads.Prompt(c, i, f"{c} prompt {i}", chat=True) for c, n in per_category.items() for i in range(n)]
+
+
+def names(prompts) -> list[str]:
+    return [f"{p.category}{p.index}" for p in prompts]
+
+
+def test_a_server_that_keeps_what_it_is_sent_gets_prompts_of_its_own_in_every_phase():
+    """Every category holds a prompt per phase: each phase takes a contiguous run of every
+    category, so no prompt reaches the server twice and nothing is flagged."""
+    prompts = prompt_set(a=6, b=7)
+    passes, rows = phases.plan(prompts, BenchConfig(concurrency=[1, 4]), forgets=False)
+    assert [names(p.prompts) for p in passes + rows] == [
+        ["a0", "a1", "b0", "b1"], ["a2", "a3", "b2", "b3"], ["a4", "a5", "b4", "b5", "b6"]]
+    assert sorted(names(q for p in passes + rows for q in p.prompts)) == sorted(names(prompts))
+    assert not any(p.replay for p in passes + rows) and [(r.n_asked, r.n) for r in rows] == [(1, 1), (4, 4)]
+    assert phases.warnings(passes + rows) == []
+    # repeats are phases too: two passes, two halves
+    passes, rows = phases.plan(prompt_set(a=4), BenchConfig(repeats=2), forgets=False)
+    assert [names(p.prompts) for p in passes] == [["a0", "a1"], ["a2", "a3"]] and rows == []
+
+
+def test_six_prompts_at_concurrency_16_run_as_6_in_flight_every_later_phase_flagged_a_replay():
+    """3 phases but 2 prompts a category: no split gives every phase every category, so each
+    phase sends the whole set, the phases after the first flagged; the 16 row has 6 requests."""
+    prompts = prompt_set(a=2, b=2, c=2)
+    passes, rows = phases.plan(prompts, BenchConfig(concurrency=[1, 16]), forgets=False)
+    assert all(p.prompts == tuple(prompts) for p in passes + rows)
+    assert [p.replay for p in passes + rows] == [False, True, True]
+    assert [(r.n_asked, r.n) for r in rows] == [(1, 1), (16, 6)]
+    assert rows[1].name.startswith("concurrency N=6 (16 asked)")
+    assert rows[1].to_dict()["concurrency"] == 6 and rows[1].to_dict()["concurrency_requested"] == 16
+    replay, capped = phases.warnings(passes + rows)
+    assert replay.startswith("2 of 3 phases resend prompts their server was sent earlier in this run")
+    assert capped == "--concurrency 16 ran as N = 6: a row has only 6 prompts, so no more requests were in flight"
+
+
+def test_in_process_every_phase_sends_every_prompt_in_cache_scopes_of_its_own():
+    prompts = prompt_set(a=2, b=1)
+    passes, rows = phases.plan(prompts, BenchConfig(repeats=2, concurrency=[1, 16]), forgets=True)
+    assert all(p.prompts == tuple(prompts) and not p.replay for p in passes + rows)
+    assert [(r.n_asked, r.n) for r in rows] == [(1, 1), (16, 3)]
+    scopes = [p.scope(arm) for p in passes + rows for arm in (0, 1)]
+    assert len(set(scopes)) == len(scopes)  # no phase, no arm finds another's caches
+
+
+def test_a_repeat_learns_the_sequence_anew_instead_of_replaying_the_pass_before():
+    """sd-suffix drafts from what its cache saw. Each pass runs in a scope of its own, so the
+    second repeat drafts exactly as the first did (greedy, a deterministic toy); sharing one
+    cache, it would draft the first repeat's answers back to it."""
+    llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
+    prompts = [workloads.Prompt("seq", i, (0, 1, 2, i, 1, 2), chat=False) for i in range(3)]
+    run = run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[12], repeats=2))
+    suffix = {(r["repeat"], r["prompt_index"]): (r["proposed"], r["accepted"]) for r in run.requests
+              if r["method"] == "sd-suffix"}
+    assert all(suffix[(1, i)] == suffix[(0, i)] for i in range(3))
+    stats = llm.suffix_cache_stats()
+    assert all(stats[f"bench-arm1-T0-n12-r{rep}"]["added_requests"] == 3 for rep in (0, 1))
+
+
+def test_an_in_process_concurrency_row_never_has_more_in_flight_than_its_prompts(tmp_path):
+    llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=3)
+    prompts = [workloads.Prompt("t", i, (0, 1, 2, i, 1), chat=False) for i in range(3)]
+    cfg = BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[8], concurrency=[1, 16])
+    out = run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
+    conc = out["summary"]["concurrency"]
+    assert [(c["concurrency_requested"], c["concurrency"]) for c in conc] == [(1, 1)] * 2 + [(16, 3)] * 2
+    assert all(1 <= c["in_flight_peak"] <= c["concurrency"] for c in conc)
+    assert all(c["ttft_first_wave_ms"]["n"] == 3 and c["ttft_steady_ms"]["n"] == 0 for c in conc[2:])
+    assert "--concurrency 16 ran as N = 3: a row has only 3 prompts" in " ".join(out["summary"]["warnings"])
+    assert [e["concurrency"] for e in out["summary"]["concurrency_paired"]] == [1, 1, 3, 3]
+    md = out["report"].read_text()
+    assert "| 3 (16 asked) |" in md and "--concurrency 16 ran as N = 3" in md
+
+
 # ---- the real thing: SmolLM2 beside busy loops --------------------------------------------------
 def test_smollm_requests_starved_by_busy_loops_are_flagged_and_rerun(tmp_path, capsys, monkeypatch):
     """Two busy-loop processes share the 2 cores with a one-thread SmolLM2 bench: its requests
@@ -218,7 +304,7 @@ def rec(method, prompt, wall, tokens, prefill, prompt_tokens=20, category="c", i
             "prompt_index": prompt, "repeat": 0, "temperature": 0.7, "max_new_tokens": 16, "wall_ms": wall,
             "prefill_ms": prefill, "prompt_tokens": prompt_tokens, "output_tokens": tokens,
             "tokens_per_s": 1000 * tokens / wall, "ttft_ms": prefill, "tpot_ms": 1.0, "draft_ms": 0.0,
-            "verify_ms": 0.0, **report.round_counts([]),
+            "verify_ms": 0.0, **round_counts([]),
             "identity": None if identical is None else {"identical": identical, "compared_tokens": tokens,
                                                        "first_divergence": None, "ar_top2_margin": None}}
 
@@ -229,7 +315,7 @@ def test_ratios_are_per_token_and_the_wall_ratio_needs_equal_lengths():
     # prompt 1: equal lengths, 2× faster.
     recs = [rec("ar", 0, 100.0, 10, 20.0), rec("sd", 0, 60.0, 5, 10.0),
             rec("ar", 1, 80.0, 8, 16.0), rec("sd", 1, 40.0, 8, 16.0)]
-    pairs = report.pair_with_ar(recs)
+    pairs = pair_with_ar(recs)
     first = speedup_stats(pairs[:1])
     assert first["speedup"] == pytest.approx(10.0 / 12.0)
     assert first["decode_speedup"] == pytest.approx((80 / 10) / (50 / 5))  # (wall − prefill) per output token
@@ -248,15 +334,14 @@ def test_ratios_are_per_token_and_the_wall_ratio_needs_equal_lengths():
 def test_the_table_puts_identity_counts_next_to_each_ratio_and_the_verdict_ignores_the_wall_ratio():
     recs = [rec("ar", 0, 100.0, 10, 20.0), rec("sd", 0, 60.0, 5, 10.0, identical=False),
             rec("ar", 1, 100.0, 10, 20.0), rec("sd", 1, 55.0, 5, 10.0, identical=False)]
-    rows = report.group_rows(recs)
+    rows = group_rows(recs)
     sd = next(r for r in rows if r["method"] == "sd")
     assert sd["wall_speedup"] is None and sd["speedup"] < 1  # Σ wall would say 1.74×
-    (v,) = report.verdicts(rows)
+    (v,) = verdicts(rows)
     assert not v["enable"] and v["identity"] == {"compared": 2, "identical": 0}
-    assert report.identity_note(v) == "; greedy output identical to AR 0/2"
-    summary = {"rows": rows, "config": {"max_new_tokens": [16]}}
-    header = list(report.MAIN_HEADER)
-    row = dict(zip(header, next(t for t in report.table_rows(summary) if t[1] == "sd K=4")))
+    assert identity_note(v) == "; greedy output identical to AR 0/2"
+    header = list(MAIN_HEADER)
+    row = dict(zip(header, next(t for t in table_rows(rows, max_new_tokens=[16]) if t[1] == "sd K=4")))
     assert row["Σ wall [same len]"] == "- [0/2]" and row["identical"] == "0/2"
     assert header.index("identical") == header.index("Σ wall [same len]") + 1  # right beside the ratios
     assert row["speedup"] == f"{sd['speedup']:.2f}×" and row["prefill/tok"] == "2.00×"

@@ -13,7 +13,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig, SSDOptions
 from speclm.backends.toy import ToyBackend
 from speclm.commands import bench as bench_cli
-from speclm.bench import methods as bench_methods
+from speclm.bench.setup import methods as bench_methods
 from speclm.commands import build_parser
 from speclm.commands.options import spec_from_args
 from speclm.errors import InvalidRequestError

@@ -13,6 +13,9 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.load import LoadConfig
 from speclm.backends.toy import ToyBackend
+from speclm.bench.setup.config import BenchConfig
+from speclm.bench.setup.workloads import WorkloadConfig
+from speclm.bench.trust.policy import TrustPolicy
 from speclm.commands import build_parser
 from speclm.engine import Engine
 from speclm.errors import InvalidRequestError
@@ -28,6 +31,9 @@ COMMANDS = ("generate", "serve", "bench")
 COMMAND_ARGS = {  # arguments of one command alone: what it does, not a setting
     "generate": {"--chat", "--compare-ar", "--json"},
     "serve": set(),
+    "bench": {"--targets", "--drafts", "--variant-quality", "--out", "--quick", "--no-wait-quiet", "--endpoint",
+              "--endpoint-b", "--endpoint-api-key", "--endpoint-api-key-b", "--endpoint-model",
+              "--endpoint-model-b", "--endpoint-timeout"},
 }
 OUTPUT_ARGS = {"--json"}  # how a command prints, the same switch wherever it is
 
@@ -45,7 +51,8 @@ def flags(parser: argparse.ArgumentParser) -> dict[str, str]:
 def declared() -> dict[str, str]:
     """{flag: help} of every declared setting."""
     out = {}
-    for cls in (LoadConfig, SamplingParams, SpeculatorConfig, ServerConfig, ListenConfig):
+    for cls in (LoadConfig, SamplingParams, SpeculatorConfig, ServerConfig, ListenConfig, BenchConfig,
+                WorkloadConfig, TrustPolicy):
         out.update({o.flag: o.help for o in options_of(cls)})
     out.update({o.flag: o.help for o in spec_options()})
     return out
@@ -70,8 +77,9 @@ def test_a_setting_declared_once_appears_in_every_command_and_the_server(monkeyp
 
 
 def test_no_command_declares_a_shared_setting_by_hand():
-    """A flag that two commands share is a declared setting, with one help line everywhere;
-    only a command's own arguments are written in the command."""
+    """A flag that two commands share is a declared setting, with one help line everywhere (a
+    bench sweep of a setting adds to that setting's help); only a command's own arguments are
+    written in the command."""
     parsers, known = subparsers(), declared()
     seen: dict[str, dict[str, str]] = {}
     for name, parser in parsers.items():
@@ -80,8 +88,10 @@ def test_no_command_declares_a_shared_setting_by_hand():
     for flag, by_command in seen.items():
         if len(by_command) > 1:
             assert flag in known or flag in OUTPUT_ARGS, f"{flag} is written by hand in {sorted(by_command)}"
-            assert len({h.split(" (default")[0] for h in by_command.values()}) == 1, flag
-    for name in ("generate", "serve"):
+            helps = [h.split(" (default")[0] for h in by_command.values()]
+            declared_help = min(helps, key=len)  # a sweep adds to its setting's help, never rewrites it
+            assert all(h.startswith(declared_help) for h in helps), (flag, helps)
+    for name in ("generate", "serve", "bench"):
         hand_written = set(flags(parsers[name])) - set(known)
         assert hand_written <= COMMAND_ARGS[name], (name, hand_written - COMMAND_ARGS[name])
 
@@ -118,7 +128,7 @@ def test_every_surface_defaults_to_the_same_method():
     (SpecConfig(method="sd-suffix", ngram_max=6), "ngram_max"),
     (SpecConfig(method="sd-ngram").with_options(max_depth=8), "suffix_max_depth"),
     (SpecConfig(method="sd-ngram", proposer="suffix"), "proposer"),
-    (SpecConfig(method="ar").with_options(fanout=2), "fanout"),
+    (SpecConfig(method="ar").with_options(fanout=2), "ssd_fanout"),
 ])
 def test_a_setting_the_method_does_not_read_is_an_error(spec, unused):
     toy = LLM(target=ToyBackend(6, seed=1))
@@ -137,3 +147,18 @@ def test_the_default_draft_belongs_to_the_default_target_and_its_variants():
     assert default_draft(None) == default_draft(DEFAULT_TARGET) == DEFAULT_DRAFT
     assert default_draft(f"{DEFAULT_TARGET}@iq4_nl-pure") == DEFAULT_DRAFT
     assert default_draft("smollm2-135m") is None and default_draft("/models/other.gguf") is None
+
+
+def test_a_request_setting_its_method_ignores_is_a_400_but_the_servers_defaults_are_not_its_mistake():
+    asks = schemas.CompletionRequest(prompt="x", speculative={"method": "auto", "ngram_max": 6})
+    with pytest.raises(schemas.ParamError) as err:
+        asks.spec(SpecConfig(), has_draft=False)
+    assert err.value.param == "speculative" and "speculative.ngram_max is not read by method auto" in str(err.value)
+    defaults = SpecConfig(method="sd-draft", p_min=0.3)  # a server started with --method sd-draft --p-min 0.3
+    spec = schemas.CompletionRequest(prompt="x", speculative={"method": "auto"}).spec(defaults, has_draft=True)
+    assert spec.method == "auto" and spec.shared
+
+
+def test_a_bench_warns_once_about_a_base_setting_no_swept_method_reads():
+    assert BenchConfig(methods=["sd-ngram"], ks=[2], base=SpecConfig(p_min=0.3)).unused_settings() == ["--p-min"]
+    assert BenchConfig(methods=["sd-draft"], ks=[2], base=SpecConfig(p_min=0.3)).unused_settings() == []

@@ -245,7 +245,7 @@ def test_compare_produces_every_field(cache: Path, capsys: pytest.CaptureFixture
     assert ref["agreement"] == 1.0 and ref["ar_same_prefix"] == [8, 8]
     assert "Q8_0" in q8["type"] and "Q4_0" in q4["type"]
     assert q8["agreement"] > q4["agreement"]  # 8-bit stays closer to the shipped Q4_1 than 4-bit does
-    from speclm.bench.compare import print_table
+    from speclm.bench.analysis.model_compare import print_table
     print_table(result)
     table = capsys.readouterr().out
     assert "v(4) ms" in table and "perplexity" in table and "load average" in table

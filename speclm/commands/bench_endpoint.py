@@ -1,4 +1,4 @@
-"""The --endpoint flags of `speclm bench` and the command that runs them (endpoint.py).
+"""The --endpoint flags of `speclm bench` and the command that runs them (bench/endpoint/).
 
 A failure (unreachable URL, refused key, a server that is not OpenAI-compatible,
 a timeout) ends the run with one line, `speclm: error: ...` (exit 1), after
@@ -13,17 +13,14 @@ import os
 import time
 from pathlib import Path
 
-from rich.console import Console
+from ..bench.endpoint.bench import Server, bench_endpoints
+from ..bench.endpoint.client import base_url
+from ..bench.output.sections import print_sections
+from ..errors import InvalidRequestError
 
-from ..errors import InvalidRequestError, SpeclmError
-from ..bench.contamination import wait_for_quiet
-from ..bench.endpoint import EndpointError, EndpointRun, base_url, connect, run_concurrency, run_sequential
-from ..bench.endpoint_metrics import scrape
-from ..bench.manifest import build_manifest
-from ..bench.workloads import prompt_set_hash
-
-NOT_WITH_ENDPOINT = ("target", "targets", "draft", "drafts", "methods", "k", "variant_quality",
-                     "concurrency_repeats", "prefix_cache_tokens")
+NOT_WITH_ENDPOINT = {"target": "--target", "targets": "--targets", "draft": "--draft", "drafts": "--drafts",
+                     "methods": "--methods", "ks": "--k", "variant_quality": "--variant-quality",
+                     "concurrency_repeats": "--concurrency-repeats", "prefix_cache_tokens": "--prefix-cache-tokens"}
 
 
 def add_endpoint_options(b: argparse.ArgumentParser) -> None:
@@ -32,13 +29,14 @@ def add_endpoint_options(b: argparse.ArgumentParser) -> None:
                    help="benchmark the server at URL (e.g. http://127.0.0.1:8000) instead of local models")
     e.add_argument("--endpoint-b", default=None, metavar="URL",
                    help="a second server, compared with the first: B vs A per category, output identity at T=0")
-    e.add_argument("--api-key", default=None, metavar="KEY",
+    e.add_argument("--endpoint-api-key", default=None, metavar="KEY",
                    help="bearer key for the servers (default $SPECLM_API_KEY; a flag is visible in `ps`)")
-    e.add_argument("--api-key-b", default=None, metavar="KEY", help="key for --endpoint-b (default: --api-key)")
+    e.add_argument("--endpoint-api-key-b", default=None, metavar="KEY",
+                   help="key for --endpoint-b (default: --endpoint-api-key)")
     e.add_argument("--endpoint-model", default=None, metavar="ID",
                    help="model id to request from A (default: the first one its /v1/models lists)")
     e.add_argument("--endpoint-model-b", default=None, metavar="ID", help="model id for B (default: its first)")
-    e.add_argument("--request-timeout", type=float, default=120.0, metavar="SECONDS",
+    e.add_argument("--endpoint-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="cut off any one request to a server after SECONDS (default 120)")
 
 
@@ -46,77 +44,25 @@ def check_endpoint_args(args: argparse.Namespace) -> None:
     """Refuse flags that do not apply to servers, before anything is sent."""
     if not args.endpoint:
         raise InvalidRequestError("--endpoint-b needs --endpoint URL (the server B is compared with)")
-    given = [f"--{name.replace('_', '-')}" for name in NOT_WITH_ENDPOINT if getattr(args, name, None)]
+    given = [flag for name, flag in NOT_WITH_ENDPOINT.items() if getattr(args, name, None)]
     if given:
         raise InvalidRequestError(f"{', '.join(given)} do not apply with --endpoint (the servers decide what "
                                   "runs and how): drop them")
-    if not args.request_timeout > 0:
-        raise InvalidRequestError(f"--request-timeout must be > 0, got {args.request_timeout}")
+    if not args.endpoint_timeout > 0:
+        raise InvalidRequestError(f"--endpoint-timeout must be > 0, got {args.endpoint_timeout}")
     for url in filter(None, (args.endpoint, args.endpoint_b)):
         base_url(url)  # a malformed URL fails before anything is sent
 
 
 def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
     """`speclm bench --endpoint URL [--endpoint-b URL]`: `v` the resolved flags
-    (bench.cli.resolve_args), `prompts` the prompt set they select."""
-    from ..bench.endpoint_report import build_summary, print_console, write_outputs
-    cfg = v["config"]
+    (commands/bench.resolve_args), `prompts` the prompt set they select."""
+    key_a = args.endpoint_api_key or os.environ.get("SPECLM_API_KEY") or None
+    servers = [Server("A", args.endpoint, key_a, args.endpoint_model)]
+    if args.endpoint_b:
+        servers.append(Server("B", args.endpoint_b, args.endpoint_api_key_b or key_a, args.endpoint_model_b))
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    key_a = args.api_key or os.environ.get("SPECLM_API_KEY") or None
-    key_b = args.api_key_b or key_a
-    load_before = os.getloadavg()
-    quiet = wait_for_quiet(cfg.trust, os.cpu_count() or 1)
-    cfg.observed.waits.append(quiet)
-    run = EndpointRun([])
-    requests = open(out_dir / "requests.jsonl", "w", encoding="utf-8")
-    err = Console(stderr=True, highlight=False)
-
-    def write(rec: dict) -> None:
-        import json
-        requests.write(json.dumps(rec) + "\n")
-        requests.flush()
-
-    failure: BaseException | None = None
-    try:
-        for label, url, key, model in (("A", args.endpoint, key_a, args.endpoint_model),
-                                       ("B", args.endpoint_b, key_b, args.endpoint_model_b)):
-            if url:
-                run.endpoints.append(connect(label, url, key, model, args.request_timeout))
-        for ep in run.endpoints:
-            run.metrics_before[ep.label] = scrape(ep.url, ep.api_key, args.request_timeout)
-        run_sequential(run, prompts, cfg, write)
-        if cfg.concurrency:
-            run_concurrency(run, prompts, cfg, lambda row: None)
-        for ep in run.endpoints:
-            run.metrics_after[ep.label] = scrape(ep.url, ep.api_key, args.request_timeout)
-    except BaseException as exc:  # keep what was measured, then report the failure
-        failure = exc
-        run.error = str(exc) if isinstance(exc, SpeclmError) else f"{type(exc).__name__}: {exc}"
-    finally:
-        requests.close()
-        run.ended = time.time()
-    config = {**{k: v for k, v in cfg.to_dict().items() if k not in ("methods", "ks", "base_spec")},
-              "endpoints": {"A": args.endpoint, "B": args.endpoint_b}, "request_timeout_s": args.request_timeout}
-    summary = build_summary(run, config, quiet)
-    summary["warnings"] = [] if quiet["quiet"] or not cfg.trust.wait_quiet_s else [
-        f"this machine never got quiet (load {quiet['loads'][-1][1]:.2f} >= {quiet['threshold']:.2f}): if a server "
-        "runs here, its timings are noisy"]
-    manifest = build_manifest(
-        target=None, draft=None, config=config, prompts_hash=prompt_set_hash(prompts), n_prompts=len(prompts),
-        categories=list(dict.fromkeys(p.category for p in prompts)), dataset=args.dataset, threads=None,
-        seed=cfg.seed, load_before=load_before, load_after=os.getloadavg(), started=run.started, ended=run.ended,
-        extra={"endpoints": [{"label": e.label, "url": e.url, "model": e.model} for e in run.endpoints]})
-    report = write_outputs(out_dir, summary, manifest)
-    if failure is not None:
-        if isinstance(failure, SpeclmError):
-            raise EndpointError(f"{failure} (partial results in {out_dir})") from None
-        raise failure
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = max(console.width, 150)
-    print_console(summary, console)
-    for w in summary["warnings"]:
-        err.print(f"WARNING: {w}")
-    print(f"report: {report}")
+    out = bench_endpoints(servers, prompts, v["config"], out_dir, timeout=args.endpoint_timeout, dataset=args.dataset)
+    print_sections(out["sections"])
+    print(f"report: {out['report']}")
     return 0

@@ -59,12 +59,12 @@ def _variants_of(target: str) -> list[str]:
 def _quality(names: list[str], threads: int | None) -> dict[str, dict]:
     """Perplexity of each model on the built-in text, and greedy agreement with the first."""
     from ..backends.load import load_backend
-    from ..bench import compare
-    texts, out, ref = compare.load_texts(0), {}, None
+    from ..bench.analysis import quality
+    texts, out, ref = quality.load_texts(0), {}, None
     for name in names:
-        backend = load_backend(name, compare.N_CTX, threads, 1)
+        backend = load_backend(name, quality.N_CTX, threads, 1)
         try:
-            q = compare.measure_quality(backend, texts, ref)
+            q = quality.measure_quality(backend, texts, ref)
         finally:
             backend.close()
         ref = ref or q

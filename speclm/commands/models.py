@@ -113,7 +113,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Measure models side by side (size, perplexity, agreement, AR tok/s, v(k)); table or JSON."""
     import json
 
-    from speclm.bench.compare import compare_models, print_table
+    from speclm.bench.analysis.model_compare import compare_models, print_table
     if len(args.models) < 2:
         raise ModelError("compare needs at least two models, e.g. `speclm models compare "
                          "qwen2.5-coder-1.5b qwen2.5-coder-1.5b@q4_0`")

@@ -49,45 +49,50 @@ def _shown(default: Any) -> str:
     return f" (default {','.join(map(str, default)) if isinstance(default, (list, tuple)) else default})"
 
 
-def add_option(group, opt: Option) -> None:
-    """One declared setting as a flag (dest: Option.dest)."""
+def add_option(group, opt: Option, unset: bool = False) -> None:
+    """One declared setting as a flag (dest: Option.dest). unset: a flag not given parses
+    as None (a command that fills it from a preset, `values(..., preset)`, needs to know)."""
     metavar = opt.metavar or (None if opt.choices else opt.flag.lstrip("-").upper().replace("-", "_"))
+    help_ = opt.help + _shown(opt.flag_default)
     if opt.kind is bool:
         group.add_argument(opt.flag, dest=opt.dest, action="store_true", help=opt.help)
     elif opt.many == "repeat":
         group.add_argument(opt.flag, dest=opt.dest, action="append", type=_checked(opt.kind, opt.flag),
-                           default=None, metavar=metavar, help=opt.help + _shown(opt.default))
+                           default=None, metavar=metavar, help=help_)
     elif opt.many == "csv":
         group.add_argument(opt.flag, dest=opt.dest, type=_csv(opt.kind, opt.flag), default=None,
-                           metavar=metavar, help=opt.help + _shown(opt.default))
+                           metavar=metavar, help=help_)
     else:
-        group.add_argument(opt.flag, dest=opt.dest, type=_checked(opt.kind, opt.flag), default=opt.default,
-                           choices=opt.choices, metavar=metavar, help=opt.help + _shown(opt.default))
+        group.add_argument(opt.flag, dest=opt.dest, type=_checked(opt.kind, opt.flag),
+                           default=None if unset else opt.flag_default, choices=opt.choices, metavar=metavar,
+                           help=help_)
 
 
 def add_options(p: argparse.ArgumentParser, cls: type, title: str | None = None,
-                skip: Iterable[str] = ()) -> None:
+                skip: Iterable[str] = (), unset: bool = False) -> None:
     """A flag for every declared option of dataclass `cls` (but the fields in `skip`)."""
     group = p.add_argument_group(title) if title else p
     for opt in options_of(cls):
         if opt.cli and opt.name not in skip:
-            add_option(group, opt)
+            add_option(group, opt, unset)
 
 
-def values(args: argparse.Namespace, cls: type, section: str | None = None) -> dict[str, Any]:
-    """{field: value} of `cls`'s options that the parsed flags hold (a repeatable or
-    comma-separated flag never given keeps its declared default)."""
+def values(args: argparse.Namespace, cls: type, section: str | None = None,
+           preset: dict[str, Any] | None = None) -> dict[str, Any]:
+    """{field: value} of `cls`'s options that the parsed flags hold; a flag not given
+    takes `preset`'s value for it, else its command-line default."""
     out = {}
     for opt in options_of(cls, section):
         if hasattr(args, opt.dest):
             value = getattr(args, opt.dest)
-            out[opt.name] = opt.default if value is None and opt.many else value
+            out[opt.name] = (preset or {}).get(opt.name, opt.flag_default) if value is None else value
     return out
 
 
-def build(args: argparse.Namespace, cls: type, **extra: Any) -> Any:
-    """cls from the parsed flags (and `extra` fields); validated by cls itself."""
-    return cls(**{**values(args, cls), **extra})
+def build(args: argparse.Namespace, cls: type, preset: dict[str, Any] | None = None, **extra: Any) -> Any:
+    """cls from the parsed flags (a preset filling what was not given, and `extra`
+    fields); validated by cls itself."""
+    return cls(**{**values(args, cls, preset=preset), **extra})
 
 
 # ---- speculation ------------------------------------------------------------------

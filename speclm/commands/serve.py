@@ -26,6 +26,8 @@ from fastapi import FastAPI
 
 from ..api import LLM
 from ..backends.load import LoadConfig
+from ..errors import InvalidRequestError
+from ..speculative.methods import get_method
 from ..server.app import create_app
 from ..server.config import ListenConfig, ServerConfig
 from .options import add_options, add_spec_options, build, open_llm, spec_from_args
@@ -58,6 +60,11 @@ def _model_id(load: LoadConfig, config: ServerConfig) -> str:
 def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
     """Load the models (and warm them up) and build the app; the caller closes the LLM."""
     spec = spec_from_args(args)
+    method = get_method(spec.method)
+    if unused := spec.unused_settings(method.proposal_for(spec, has_draft=True)):
+        raise InvalidRequestError(f"{', '.join(o.flag for o in unused)} not read by the default method "
+                                  f"{spec.method}: drop {'it' if len(unused) == 1 else 'them'} or choose a method "
+                                  "that reads them")
     config = build(args, ServerConfig, default_spec=spec).with_env_keys()
     config = dataclasses.replace(config, model_id=_model_id(build(args, LoadConfig), config))
     llm = open_llm(args, spec, max_sequences=config.max_concurrency, prefix_cache_tokens=config.prefix_cache_tokens)

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from ..api import LLM, SpecConfig
+from ..api import LLM
 from ..backends.base import Backend
 from ..engine import Engine, RequestHandle
 from ..errors import InvalidRequestError

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidRequestError
 from ..options import option
-from ..prefix_cache import PREFIX_CACHE_TOKENS
+from ..prefix_cache import PREFIX_CACHE_HELP, PREFIX_CACHE_TOKENS
 from ..speculative.config import SpecConfig
 from .tenants import split_keys
 
@@ -39,10 +39,7 @@ class ServerConfig:
                                "cache (faster for related tenants, but acceptance timing and time to first "
                                "token then leak one tenant's outputs and prompts to another)",
                                flag="--share-suffix-cache")
-    prefix_cache_tokens: int = option(
-        PREFIX_CACHE_TOKENS, "keep finished requests' KV (prompt and output, host memory) up to N tokens in all, "
-        "so a prompt that starts like an earlier one of the same API key prefills only the rest (~28 KB a token "
-        "on the default target; 0: off)", metavar="N")
+    prefix_cache_tokens: int = option(PREFIX_CACHE_TOKENS, PREFIX_CACHE_HELP, metavar="N")
 
     @property
     def spec(self) -> SpecConfig:

@@ -8,6 +8,7 @@ error body has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -178,9 +179,15 @@ class _RequestBase(BaseModel):
             spec = default.with_options(**opts)
         except InvalidRequestError as exc:
             raise ParamError(str(exc), "speculative") from None
-        if "method" in opts and get_method(spec.method).needs_draft(spec, has_draft) and not has_draft:
+        method = get_method(spec.method)
+        if "method" in opts and method.needs_draft(spec, has_draft) and not has_draft:
             raise ParamError(f"method {spec.method} needs a draft model: this server has none", "speculative")
-        return spec
+        unused = [o.name for o in spec.unused_settings(method.proposal_for(spec, has_draft)) if o.name in opts]
+        if unused:  # only what this request set: the server's own defaults are for several methods
+            raise ParamError(f"speculative.{', speculative.'.join(unused)} {'is' if len(unused) == 1 else 'are'} "
+                             f"not read by method {spec.method}: drop {'it' if len(unused) == 1 else 'them'}",
+                             "speculative")
+        return dataclasses.replace(spec, shared=True)
 
     def prompt_ids(self, llm: LLM) -> list[int]:
         raise NotImplementedError

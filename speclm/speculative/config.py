@@ -50,6 +50,8 @@ class SpecConfig:
     suffix: SuffixConfig = dataclasses.field(default_factory=SuffixConfig)
     medusa: MedusaOptions = dataclasses.field(default_factory=MedusaOptions)
     cache_scope: str | None = None  # whose suffix cache this request reads and feeds (the server: per API key)
+    shared: bool = False  # settings given for several methods (a server's defaults, a bench's base): one a
+    # method does not read is not this request's mistake (whoever set them checks them, unused_settings)
 
     def __post_init__(self) -> None:
         method = get_method(self.method)
@@ -71,17 +73,19 @@ class SpecConfig:
                 raise InvalidRequestError(f"{section} must be a {cls.__name__}, got "
                                           f"{type(getattr(self, section)).__name__}")
 
-    def unused_settings(self, proposal: str | None) -> list[str]:
+    def unused_settings(self, proposal: str | None) -> list[Option]:
         """The options set away from their defaults that a request drafting with
-        `proposal` (None: plain decoding) never reads: each is a mistake to report."""
+        `proposal` (None: plain decoding) never reads: each is a mistake to report
+        (a proposer for a method that does not choose one, too)."""
         out = []
         for opt in spec_options():
             holder = self if opt.section is None else getattr(self, opt.section, None)
             value = getattr(holder, opt.name, opt.default)
-            if opt.reads is not None and proposal not in opt.reads and value != opt.default:
-                out.append(opt.flag.lstrip("-").replace("-", "_") if opt.section else opt.name)
-        if self.proposer is not None and not get_method(self.method).adaptive:
-            out.append("proposer")
+            if value == opt.default:
+                continue
+            if opt.reads is not None and proposal not in opt.reads or \
+                    opt.name == "proposer" and not get_method(self.method).adaptive:
+                out.append(opt)
         return out
 
     @property

@@ -1,0 +1,149 @@
+"""The copy ceiling: how fast the drafts of a run could have gone with a perfect controller.
+
+A measured `auto` ÷ AR mixes two limits: what the drafter offers and what the
+controller makes of it. This module separates them, per target and category,
+from a run's own greedy AR outputs and its own cost curve v(b): the ms to score
+a block of b rows, timed after the target's requests, per category after as many
+tokens as the category's average round sees (a long context makes a one-row
+step dearer relative to a block on one file, cheaper on another: the shipped
+file's v(16) / v(1) was 7.5 after 64 tokens and 8.6 in multi-turn-edit's rounds,
+iq4_nl-pure's 8.1 and 6.5, run W21):
+
+- **drafter**: the AR outputs, in run order, are replayed through a fresh
+  SuffixProposer (the run's suffix settings, one shared cache per target as the
+  LLM has). At every position it drafts up to k_max tokens, of which the first
+  r agree with what the target then emitted.
+- **best occurrence**: an oracle whose draft at every position is the verbatim
+  run continuing the earlier occurrence of the context's last token (in earlier
+  requests, the prompt or the output so far; a run may go on into the draft
+  itself, as the drafter's does) that turns out longest. The suffix
+  drafter's draft is such a run (it follows occurrences of its matched suffix, at
+  least one token), so this is what copying could give at best.
+
+A perfect controller knows r at every position and picks each round's K (0..r)
+to finish the output at the least cost, a round of K accepted tokens costing
+v(K + 1) and emitting K + 1 (dynamic programming over positions). ceiling = AR's
+cost (n rounds of v(1)) ÷ that least cost: the decode-only speedup no choice of K
+beats with those drafts at those costs, and never below 1 (K = 0 throughout is
+AR). It is an estimate: the curve is timed at one context length per category
+and a perfect controller seeks out whichever block size timed cheap, so the
+curve's noise moves it (run W21's ceilings from one curve timed after 64
+tokens and from per-category curves timed just after the run differed by
+-0.08 to +0.22). Greedy only (T = 0): at T > 0 acceptance is random. The
+report sets it beside the measured decode-only speedup of the methods that
+draft by suffix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from ...costs import cost_ratios
+from ...sampling import SamplingParams
+from ...speculative.proposers.suffix import SuffixProposer
+from ...speculative.proposers.suffix_index import SuffixCache, SuffixConfig
+from ..setup.methods import BASELINE
+
+MATCH = 1  # tokens an occurrence must share with the context's end to count
+REPEATS = 5  # timings per block size (median); each is noise a perfect controller would exploit
+
+
+def drafter_runs(proposer: SuffixProposer, prompt: list[int], output: list[int], k_max: int) -> list[int]:
+    """At every position i of the greedy `output`: how many of `proposer`'s (begun on prompt)
+    up to k_max drafted tokens agree with output[i:]."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=max(1, len(output)))
+    runs = []
+    for i in range(len(output)):
+        draft = proposer.propose(prompt + output[:i], k_max, params, None).tokens
+        r = 0
+        while r < len(draft) and i + r < len(output) and draft[r] == output[i + r]:
+            r += 1
+        runs.append(r)
+    proposer.update(prompt + output)
+    return runs
+
+
+def _chars(ids: Sequence[int]) -> str:
+    return "".join(chr(0x100 + t) for t in ids)  # one character per token: str.find does the matching
+
+
+def best_occurrence_runs(history: str, prompt: list[int], output: list[int], k_max: int,
+                         match: int = MATCH) -> list[int]:
+    """At every position of `output`: the best-occurrence oracle's run (module docstring), at
+    most k_max; `history` is _chars of the earlier requests' prompts and outputs, each after a NUL."""
+    text = history + "\0" + _chars(prompt)
+    out = _chars(output)
+    runs = []
+    for i in range(len(out)):
+        seen = text + out[:i]
+        key = seen[-match:] if i + len(prompt) >= match else None
+        r = 0  # a run may go on into its own draft (a repeat reaching the context's end keeps copying)
+        while key and r < k_max and i + r < len(out) and (seen + out[i:i + r]).find(key + out[i:i + r + 1]) >= 0:
+            r += 1
+        runs.append(r)
+    return runs
+
+
+def least_cost(runs: Sequence[int], ratio: Sequence[float]) -> tuple[float, int]:
+    """(least total cost in v(1) units, its number of rounds) to emit len(runs) tokens when a
+    round at position i may verify K <= runs[i] drafted tokens (all accepted) for ratio[K + 1]."""
+    n = len(runs)
+    cost, rounds = [0.0] * (n + 1), [0] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best = min(range(min(runs[i], n - 1 - i) + 1), key=lambda k: ratio[k + 1] + cost[i + k + 1])
+        cost[i], rounds[i] = ratio[best + 1] + cost[i + best + 1], 1 + rounds[i + best + 1]
+    return cost[0], rounds[0]
+
+
+def greedy_ar(requests: Sequence[dict]) -> list[dict]:
+    """The AR records a ceiling is built from: greedy, first repeat, the first max_new_tokens
+    (run order kept)."""
+    ar = [r for r in requests if r["method"] == BASELINE and r["temperature"] == 0 and r.get("repeat", 0) == 0
+          and r.get("token_ids") is not None]
+    return [r for r in ar if r["max_new_tokens"] == ar[0]["max_new_tokens"]] if ar else []
+
+
+def timing_context(records: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]]) -> list[int]:
+    """Tokens to time a category's blocks after: as many as its average round sees (prompt plus
+    half the output, averaged over its requests), cut from its longest request's tokens."""
+    pairs = [(prompt_ids[(r["category"], r["prompt_index"])], list(r["token_ids"])) for r in records]
+    n = round(sum(len(p) + len(o) / 2 for p, o in pairs) / len(pairs))
+    texts = [p + o for p, o in pairs]
+    longest = max(texts, key=len)
+    return (longest * (1 + n // len(longest)))[:max(1, n)]
+
+
+def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]],
+                 curves: Mapping[str, dict[int, float]], *, k_max: int = 16,
+                 suffix: SuffixConfig | None = None, methods: Sequence[str] = ()) -> list[dict]:
+    """One row per category (run order) from one target's greedy_ar records (run order).
+    prompt_ids: (category, index) -> the ids the run encoded; curves: category -> v(b) in ms.
+    `methods`: the run's methods that draft by suffix (the report compares them)."""
+    cache, history, rows = SuffixCache(), "", []
+    for cat in dict.fromkeys(r["category"] for r in ar):
+        ratio = cost_ratios(curves[cat], k_max)
+        tokens, mine, best = 0, [0.0, 0], [0.0, 0]  # output tokens; (least cost, rounds) per drafter
+        for r in (r for r in ar if r["category"] == cat):
+            prompt, output = prompt_ids[(cat, r["prompt_index"])], list(r["token_ids"])
+            if not output:
+                continue
+            proposer = SuffixProposer(cache, suffix or SuffixConfig())
+            proposer.begin(prompt, SamplingParams(temperature=0.0))
+            for total, runs in ((mine, drafter_runs(proposer, prompt, output, k_max)),
+                                (best, best_occurrence_runs(history, prompt, output, k_max))):
+                c, n = least_cost(runs, ratio)
+                total[0] += c
+                total[1] += n
+            proposer.close()
+            history += "\0" + _chars(prompt) + _chars(output)
+            tokens += len(output)
+        if not tokens:
+            continue
+        rows.append({"category": cat, "target_name": ar[0].get("target_name"),
+                     "max_new_tokens": ar[0]["max_new_tokens"], "k_max": k_max, "tokens": tokens,
+                     "methods": list(methods), "v_ms": {str(b): round(ms, 2) for b, ms in curves[cat].items()},
+                     "drafter_rounds": mine[1], "drafter_tokens_per_round": tokens / mine[1],
+                     "drafter_ceiling": tokens / mine[0],
+                     "best_rounds": best[1], "best_tokens_per_round": tokens / best[1],
+                     "best_ceiling": tokens / best[0]})
+    return rows

@@ -1,0 +1,1 @@
+"""Endpoint: the bench's prompts against running OpenAI-compatible servers (bench.py)."""

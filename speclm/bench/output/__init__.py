@@ -1,0 +1,2 @@
+"""Output: a report as one ordered list of sections (sections.py), rendered to
+summary.json, report.md and the console from the same data; and the plots."""
