@@ -296,6 +296,11 @@ def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
     assert all(1.0 <= c["drafter_ceiling"] <= c["best_ceiling"] + 1e-9 and set(c["v_ms"]) == {"1", "2", "3", "4"}
                for c in summary["copy_ceiling"])
     assert "## Copy ceiling (greedy)" in (tmp_path / "smol" / "report.md").read_text()
+    # the controller replayed on the same outputs and curve cannot beat the ceiling of its own drafts
+    assert all(c["replay_auto"] <= c["drafter_ceiling"] + 1e-9 for c in summary["copy_ceiling"])
+    streams = [json.loads(x) for x in (tmp_path / "smol" / "streams.jsonl").read_text().splitlines()]
+    assert [(s["category"], len(s["output"]) > 0) for s in streams] == [
+        (r["category"], True) for r in requests if r["method"] == "ar" and r["temperature"] == 0]
     assert [r["chat"] for r in requests if r["method"] == "ar"] == [False, True]
     assert all(r["identity"] is not None for r in requests if r["method"] == "sd-ngram")
     manifest = json.loads((tmp_path / "smol" / "manifest.json").read_text())
@@ -303,6 +308,13 @@ def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "sd-ngram K=3" in out and "p50 [min–max]" in out and "copy ceiling for code-edit" in out
     assert f"report: {tmp_path / 'smol' / 'report.md'}" in out
+    # the recorded run replays through the controller without the model, as the run itself did
+    replay = parser().parse_args(["bench", "replay", str(tmp_path / "smol"), "--json"])
+    assert replay.func(replay) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["category"], r["policy"]) for r in rows] == [("humaneval", "auto"), ("code-edit", "auto")]
+    for row, c in zip(rows, summary["copy_ceiling"]):
+        assert row["speedup"] == pytest.approx(c["replay_auto"]) and row["ceiling"] == c["drafter_ceiling"]
 
 
 def test_load_is_recorded_and_a_machine_that_gets_busy_is_flagged(monkeypatch):

@@ -14,6 +14,7 @@ already built LLM (tests, notebooks).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from ..backends.load import LoadConfig
 from ..bench.output.sections import print_sections
@@ -30,7 +32,7 @@ from ..bench.setup.workloads import WorkloadConfig
 from ..bench.trust.policy import TrustPolicy
 from ..bench.trust.quiet import busy_warning
 from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
-from .options import add_options, add_spec_options, build, spec_from_args, speculator_config
+from .options import add_json_option, add_options, add_spec_options, build, spec_from_args, speculator_config
 
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "ks": [4],
@@ -70,7 +72,35 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     add_endpoint_options(b)
     add_spec_options(b, skip=("method", "k"))  # --methods and --k sweep those
     b.set_defaults(func=cmd_bench)
+    r = b.add_subparsers(dest="bench_command", metavar="replay").add_parser(
+        "replay", help="replay a run's greedy outputs through controller policies, without the model",
+        description="Replay a recorded greedy run (its streams.jsonl and copy ceiling) through controller "
+                    "policies at the run's own cost curves, and print per category the decode-only speedup each "
+                    "would have reached and the share of the ceiling's gain it keeps.")
+    r.add_argument("run_dir", metavar="RUN_DIR", help="a `speclm bench` output directory")
+    r.add_argument("--policy", type=_names, default=["auto"], help="policies, comma-separated (default auto)")
+    add_json_option(r)
+    r.set_defaults(func=cmd_replay)
     return b
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """`speclm bench replay RUN_DIR`."""
+    from ..bench.analysis.replays import replay_run
+    rows = replay_run(Path(args.run_dir), args.policy)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table(title=f"replayed decode-only speedup over AR ({args.run_dir})")
+    for name in ("target", "category", "policy", "speedup", "kept of the ceiling", "ceiling", "best occurrence",
+                 "tokens/round"):
+        table.add_column(name)
+    for r in rows:
+        kept = "-" if r["kept_share"] is None else f"{r['kept_share']:.0%}"
+        table.add_row(escape(r["target_name"] or "-"), r["category"], r["policy"], f"{r['speedup']:.2f}x", kept,
+                      f"{r['ceiling']:.2f}x", f"{r['best_ceiling']:.2f}x", f"{r['tokens'] / r['rounds']:.2f}")
+    Console(highlight=False).print(table)
+    return 0
 
 
 def _notify(text: str) -> None:

@@ -69,6 +69,9 @@ def goodput(cost: CostModel, calibration: Calibration, k_max: int) -> Controller
     return GoodputController(cost, k_max=k_max, calibration=calibration, per_position=True)
 
 
+POLICIES: dict[str, Policy] = {"auto": goodput}  # what `speclm bench replay --policy` can name
+
+
 def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], policy: Policy = goodput,
            k_max: int = 16, suffix: SuffixConfig | None = None, cache_tokens: int = 100_000,
            keep_ks: bool = False) -> list[Replayed]:

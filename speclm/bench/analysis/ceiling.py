@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from ...costs import cost_ratios
 from ...sampling import SamplingParams
 from ...speculative.proposers.suffix import SuffixProposer
+from ...speculative.replay import Replayed, Stream
 from ...speculative.proposers.suffix_index import SuffixCache, SuffixConfig
 from ..setup.methods import BASELINE
 
@@ -93,6 +94,19 @@ def least_cost(runs: Sequence[int], ratio: Sequence[float]) -> tuple[float, int]
         best = min(range(min(runs[i], n - 1 - i) + 1), key=lambda k: ratio[k + 1] + cost[i + k + 1])
         cost[i], rounds[i] = ratio[best + 1] + cost[i + best + 1], 1 + rounds[i + best + 1]
     return cost[0], rounds[0]
+
+
+def streams(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]]) -> list[Stream]:
+    """The greedy_ar records as replayable streams (run order)."""
+    return [Stream(r["category"], prompt_ids[(r["category"], r["prompt_index"])], list(r["token_ids"]),
+                   r["max_new_tokens"]) for r in ar if r["token_ids"]]
+
+
+def replay_fields(replayed: Replayed, row: dict) -> dict:
+    """What method auto's controller, replayed on a category's outputs and curve, keeps of
+    the suffix drafter's ceiling (speculative/replay.py)."""
+    return {"replay_auto": replayed.speedup, "replay_kept_share": replayed.kept_share(row["drafter_ceiling"]),
+            "replay_rounds": replayed.rounds}
 
 
 def greedy_ar(requests: Sequence[dict]) -> list[dict]:

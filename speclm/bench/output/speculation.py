@@ -55,6 +55,7 @@ def ceiling_section(ceilings: list[dict], rows: Sequence[dict], several_targets:
         return Section("Copy ceiling (greedy)")
     several = len({c["target_name"] for c in ceilings}) > 1
     body = [(c["category"] + (f" [{c['target_name']}]" if several else ""), _measured(rows, c),
+             _replayed(c),
              f"{c['drafter_ceiling']:.2f}× ({c['drafter_tokens_per_round']:.2f} tok/round)",
              f"{c['best_ceiling']:.2f}× ({c['best_tokens_per_round']:.2f} tok/round)") for c in ceilings]
     md = ["Decode-only speedup over AR that a perfect controller (knowing how many drafted tokens the target "
@@ -64,13 +65,23 @@ def ceiling_section(ceilings: list[dict], rows: Sequence[dict], several_targets:
           "`suffix drafter`: this run's suffix drafter with a fresh cache. `best occurrence`: an oracle "
           "that copies the longest verbatim continuation of any earlier occurrence of the last token (what "
           "copying could give at best). A measured figure near the first ceiling means the controller loses "
-          "little; a low ceiling means the workload offers little to copy.", "",
-          md_table(("category", "measured decode-only", "ceiling: suffix drafter", "ceiling: best occurrence"), body)]
+          "little; a low ceiling means the workload offers little to copy. `auto replayed`: method auto's "
+          "controller replayed on the same outputs at the same curve without the model (`speclm bench replay`), "
+          "and the share of the ceiling's gain it keeps, (speedup − 1) / (ceiling − 1).", "",
+          md_table(("category", "measured decode-only", "auto replayed (kept)", "ceiling: suffix drafter",
+                    "ceiling: best occurrence"), body)]
     console = [f"copy ceiling for {escape(c['category'])}"
                f"{' on ' + escape(c['target_name']) if several_targets else ''}: "
                f"a perfect controller would reach {c['drafter_ceiling']:.2f}× AR decode-only with these suffix "
                f"drafts, {c['best_ceiling']:.2f}× with the best copy (report.md)" for c in ceilings]
     return Section("Copy ceiling (greedy)", {"copy_ceiling": ceilings}, md, console)
+
+
+def _replayed(c: dict) -> str:
+    if "replay_auto" not in c:
+        return "-"
+    kept = c["replay_kept_share"]
+    return f"{c['replay_auto']:.2f}×" + (f" ({kept:.0%})" if kept is not None else "")
 
 
 def ssd_section(rows: Sequence[dict]) -> Section:

@@ -21,6 +21,8 @@ sections (output/report.py), which it returns for the console.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import statistics
 import time
@@ -35,6 +37,7 @@ from ...api import LLM
 from ...backends.base import Backend
 from ...backends.load import load_backend
 from ...costs import time_blocks, time_curve
+from ...speculative.replay import replay
 from ...errors import InvalidRequestError
 from ...models.catalog import resolve_model
 from ...models.registry import DEFAULT_TARGET, default_draft
@@ -98,15 +101,25 @@ def _time_v(backend: Backend, tokens: list[list[int]]) -> dict:
 
 
 def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict], cfg: BenchConfig,
-                  methods: list[str], k_max: int) -> list[dict]:
-    """ceiling.copy_ceiling of one target's requests, each category priced by its own v(b)."""
+                  methods: list[str], k_max: int, out_dir: Path) -> list[dict]:
+    """ceiling.copy_ceiling of one target's requests, each category priced by its own v(b),
+    with what method auto's controller keeps of it replayed on the same outputs and curves;
+    the greedy streams go to streams.jsonl (`speclm bench replay` reads them)."""
     ar = ceiling.greedy_ar(requests)
     ids = dict(zip(((p.category, p.index) for p in prompts), encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
     curves = {cat: time_curve(llm.target, range(1, k_max + 2),
                               ceiling.timing_context([r for r in ar if r["category"] == cat], ids),
                               repeats=ceiling.REPEATS, statistic=statistics.median)
               for cat in dict.fromkeys(r["category"] for r in ar)}
-    return ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods)
+    rows = ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods)
+    streams = ceiling.streams(ar, ids)
+    with open(out_dir / "streams.jsonl", "a", encoding="utf-8") as fh:
+        for s in streams:
+            fh.write(json.dumps({"target_name": ar[0].get("target_name"), **dataclasses.asdict(s)}) + "\n")
+    replayed = {r.category: r for r in replay(streams, curves, k_max=k_max, suffix=cfg.base.suffix)}
+    for row in rows:
+        row.update(ceiling.replay_fields(replayed[row["category"]], row))
+    return rows
 
 
 def suffix_configs(cfg: BenchConfig) -> tuple[list[str], int]:
@@ -207,7 +220,7 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
                 runs.append(run)
                 entry.update(_time_v(tb, q.tokens))  # after its requests: the model is warm
                 if suffix_methods:
-                    ceilings += _copy_ceiling(llm, prompts, run.requests, cfg, suffix_methods, suffix_k)
+                    ceilings += _copy_ceiling(llm, prompts, run.requests, cfg, suffix_methods, suffix_k, out_dir)
                 targets.append(entry)
             finally:
                 tb.close()

@@ -1,0 +1,49 @@
+"""`speclm bench replay RUN_DIR`: a recorded run's greedy outputs replayed through
+controller policies at the run's own cost curves, without the model
+(speculative/replay.py), beside the run's copy ceiling: per category, the
+decode-only speedup each policy would have reached and the share of the
+ceiling's gain it keeps. docs/bench.md#replay.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...errors import InvalidRequestError
+from ...speculative.replay import POLICIES, Stream, replay
+
+
+def load_run(run_dir: Path) -> tuple[dict[str, list[Stream]], list[dict]]:
+    """(streams per target, the run's copy-ceiling rows) of a bench output directory."""
+    streams_file, summary_file = run_dir / "streams.jsonl", run_dir / "summary.json"
+    if not streams_file.is_file() or not summary_file.is_file():
+        raise InvalidRequestError(f"{run_dir} holds no replayable run: it needs streams.jsonl and summary.json "
+                                  "from a greedy `speclm bench` run with a suffix-drafting method (auto, sd-suffix)")
+    by_target: dict[str, list[Stream]] = {}
+    for line in streams_file.read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        target = d.pop("target_name")
+        by_target.setdefault(target, []).append(Stream(**d))
+    return by_target, json.loads(summary_file.read_text(encoding="utf-8")).get("copy_ceiling", [])
+
+
+def replay_run(run_dir: Path, policies: list[str]) -> list[dict]:
+    """One row per target, category and policy: speedup, kept share of the ceiling, rounds."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise InvalidRequestError(f"unknown policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
+    by_target, ceilings = load_run(run_dir)
+    rows = []
+    for target, streams in by_target.items():
+        mine = {c["category"]: c for c in ceilings if c.get("target_name") == target}
+        curves = {cat: {int(b): ms for b, ms in c["v_ms"].items()} for cat, c in mine.items()}
+        k_max = next(iter(mine.values()))["k_max"]
+        for policy in policies:
+            for r in replay(streams, curves, policy=POLICIES[policy], k_max=k_max):
+                ceiling = mine[r.category]["drafter_ceiling"]
+                rows.append({"target_name": target, "category": r.category, "policy": policy,
+                             "speedup": r.speedup, "kept_share": r.kept_share(ceiling), "ceiling": ceiling,
+                             "best_ceiling": mine[r.category]["best_ceiling"], "rounds": r.rounds,
+                             "verified": r.verified, "accepted": r.accepted, "tokens": r.tokens})
+    return rows
