@@ -36,6 +36,8 @@ draft by suffix.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Mapping, Sequence
 
 from ...costs import cost_ratios
@@ -156,6 +158,7 @@ def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]
         rows.append({"category": cat, "target_name": ar[0].get("target_name"),
                      "max_new_tokens": ar[0]["max_new_tokens"], "k_max": k_max, "tokens": tokens,
                      "methods": list(methods), "v_ms": {str(b): round(ms, 2) for b, ms in curves[cat].items()},
+                     "suffix": dataclasses.asdict(suffix or SuffixConfig()),
                      "drafter_rounds": mine[1], "drafter_tokens_per_round": tokens / mine[1],
                      "drafter_ceiling": tokens / mine[0],
                      "best_rounds": best[1], "best_tokens_per_round": tokens / best[1],

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from ...errors import InvalidRequestError
+from ...speculative.proposers.suffix_index import SuffixConfig
 from ...speculative.replay import POLICIES, Stream, replay
 
 
@@ -38,9 +39,10 @@ def replay_run(run_dir: Path, policies: list[str]) -> list[dict]:
     for target, streams in by_target.items():
         mine = {c["category"]: c for c in ceilings if c.get("target_name") == target}
         curves = {cat: {int(b): ms for b, ms in c["v_ms"].items()} for cat, c in mine.items()}
-        k_max = next(iter(mine.values()))["k_max"]
+        first = next(iter(mine.values()))
+        suffix = SuffixConfig(**first["suffix"]) if "suffix" in first else None  # runs before the field: defaults
         for policy in policies:
-            for r in replay(streams, curves, policy=POLICIES[policy], k_max=k_max):
+            for r in replay(streams, curves, policy=POLICIES[policy], k_max=first["k_max"], suffix=suffix):
                 ceiling = mine[r.category]["drafter_ceiling"]
                 rows.append({"target_name": target, "category": r.category, "policy": policy,
                              "speedup": r.speedup, "kept_share": r.kept_share(ceiling), "ceiling": ceiling,

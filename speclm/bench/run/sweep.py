@@ -107,9 +107,10 @@ def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict],
     the greedy streams go to streams.jsonl (`speclm bench replay` reads them)."""
     ar = ceiling.greedy_ar(requests)
     ids = dict(zip(((p.category, p.index) for p in prompts), encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
-    curves = {cat: time_curve(llm.target, range(1, k_max + 2),
-                              ceiling.timing_context([r for r in ar if r["category"] == cat], ids),
-                              repeats=ceiling.REPEATS, statistic=statistics.median)
+    # rounded once, as summary.json stores them, so `speclm bench replay` prices exactly as this run did
+    curves = {cat: {b: round(ms, 2) for b, ms in time_curve(
+                  llm.target, range(1, k_max + 2), ceiling.timing_context([r for r in ar if r["category"] == cat], ids),
+                  repeats=ceiling.REPEATS, statistic=statistics.median).items()}
               for cat in dict.fromkeys(r["category"] for r in ar)}
     rows = ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods)
     streams = ceiling.streams(ar, ids)
