@@ -23,7 +23,7 @@ import numpy as np
 from .backends.base import Backend
 from .backends.kernels import check_request as check_kernels
 from .backends.load import check_tokenizers, load_backend  # noqa: F401  (public here too)
-from .errors import InvalidRequestError
+from .errors import BusyError, InvalidRequestError
 from .metrics import GenerationResult
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
@@ -64,8 +64,9 @@ class LLM:
             (default_draft(target) if target is None or isinstance(target, str) else None)
         self._draft: Backend | None = None
         self._draft_lock = threading.Lock()
-        self._costs: dict[str | None, CostModel] = {}
-        self._calibrations: dict[str | None, Calibration] = {}
+        self._measured: dict[str | None, CostModel] = {}  # proposal -> the costs timed on this machine
+        self._costs: dict[tuple[str | None, str | None], CostModel] = {}  # (proposal, scope) -> learning copy
+        self._calibrations: dict[tuple[str | None, str | None], Calibration] = {}  # (proposal, scope)
         SuffixCache(suffix_cache_tokens)  # validate now, not at the first suffix request
         self._suffix_tokens = suffix_cache_tokens
         self._suffix_caches: dict[str | None, SuffixCache] = {}
@@ -182,10 +183,20 @@ class LLM:
             for key in [k for k in self._learners if k[1] == scope]:
                 del self._learners[key]
 
-    def calibration(self, proposal: str | None) -> Calibration:
-        """How a proposal's per-token estimates map to observed acceptance, learnt by every request."""
+    def calibration(self, proposal: str | None, scope: str | None = None) -> Calibration:
+        """How a proposal's per-token estimates map to observed acceptance, learnt by the
+        requests of one cache scope (SpecConfig.cache_scope): the K a tenant's request
+        drafts, and so its timing, never reflects another tenant's traffic."""
         with self._cache_lock:
-            return self._calibrations.setdefault(proposal, Calibration())
+            return self._calibrations.setdefault((proposal, scope), Calibration())
+
+    def forget_learnt(self, scope: str | None = None) -> None:
+        """Forget the acceptance calibrations and cost-model updates learnt in `scope`
+        (its next request starts from the costs measured on this machine)."""
+        with self._cache_lock, self._costs_lock:
+            for table in (self._calibrations, self._costs):
+                for key in [key for key in table if key[1] == scope]:
+                    del table[key]
 
     def _proposal_checked(self, spec: SpecConfig) -> str | None:
         """proposal_of(spec), refusing a method that needs a draft model this LLM lacks
@@ -221,17 +232,36 @@ class LLM:
         supervisor = self._speculator
         return None if supervisor is None else supervisor.state()
 
-    def cost_model(self, proposal: str | None, k: int) -> CostModel:
-        """Measured costs for this LLM and proposal, calibrated on first use (blocks
-        up to min(k, 16) + 1) and then learnt from every round run (shared by all requests).
-        proposal None: the target's forwards alone (the batching engine's curve).
-        Calibration holds backend_lock: it never runs alongside another thread's forwards."""
+    def cost_model(self, proposal: str | None, k: int, scope: str | None = None) -> CostModel:
+        """Costs for this proposal as the requests of `scope` (SpecConfig.cache_scope) learn
+        them from their rounds, starting from the ones measured on this machine
+        (`measure_costs`: on first use, blocks up to min(k, 16) + 1). proposal None: the
+        target's forwards alone (the batching engine's curve)."""
+        base = self.measure_costs(proposal, k)
         with self._costs_lock:
-            if proposal not in self._costs:
+            if (proposal, scope) not in self._costs:
+                self._costs[(proposal, scope)] = base.copy()
+            return self._costs[(proposal, scope)]
+
+    def measure_costs(self, proposal: str | None, k: int = MAX_K) -> CostModel:
+        """Time the target's blocks of up to min(k, 16) + 1 tokens (and the draft's step when
+        `proposal` drafts with the draft model), once per LLM and proposal; later calls return
+        that measurement (never updated: each scope learns on its own copy, `cost_model`).
+        Timing takes a free KV sequence under backend_lock, so it never runs alongside
+        another thread's forwards; BusyError when every sequence is held by requests
+        (a server measures every proposal it may use before it takes any)."""
+        with self._costs_lock:
+            if proposal not in self._measured:
                 draft = self.draft if self._needs_draft(proposal) else None
                 with self.backend_lock:
-                    self._costs[proposal] = calibrate(self.target, draft, max_block=min(k, 16) + 1)
-            return self._costs[proposal]
+                    for backend in (self.target, draft):
+                        if backend is not None and backend.max_sequences is not None \
+                                and backend.live_sequences >= backend.max_sequences:
+                            raise BusyError(f"all {backend.max_sequences} KV sequences of {backend.name} are in "
+                                            f"use, and measuring the costs of {proposal or 'decoding'} needs one: "
+                                            "retry when a request has finished")
+                    self._measured[proposal] = calibrate(self.target, draft, max_block=min(k, 16) + 1)
+            return self._measured[proposal]
 
     def start(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,
               on_text: Callable[[str], None] | None = None) -> Generation:
@@ -285,7 +315,7 @@ class LLM:
                 finally:
                     backend.free(seq)
         if spec is not None and get_method(spec.method).controller is not None and proposal is not None:
-            self.cost_model(proposal, spec.k)  # calibrate now, not inside the first timed request
+            self.measure_costs(proposal, spec.k)  # now, not inside the first timed request
 
     def close_speculator(self) -> None:
         """Shut the SSD speculator process down (a later ssd request starts a new one)."""

@@ -11,6 +11,7 @@ controller, the kernel probe, the bench's ceiling, sweep and projection and
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -103,6 +104,10 @@ class CostModel:
     weight: float = 0.2  # EWMA weight of a new observation
     passes: Callable[[dict[int, int]], list[int]] | None = None  # None: one pass over every row
     order: Callable[[list[int]], list[int]] | None = None  # the backend's batch order (None: as given)
+
+    def copy(self) -> CostModel:
+        """An independent copy (its own curve to learn), sharing the backend's callables."""
+        return dataclasses.replace(self, verify_ms=dict(self.verify_ms))
 
     def verify(self, block: int) -> float:
         if block in self.verify_ms:

@@ -29,12 +29,12 @@ from collections.abc import AsyncIterator, Iterator
 
 from .api import LLM, SpecConfig
 from .speculative.steps import PREFILL_CHUNK, plan_step, run_step, step_alone
-from .errors import InvalidRequestError, SpeclmError
+from .errors import BusyError, InvalidRequestError, SpeclmError
 from .metrics import GenerationResult
 from .sampling import SamplingParams
 from .speculative.loop import Generation  # noqa: F401  (the type the scheduler steps)
 
-class EngineFullError(SpeclmError):
+class EngineFullError(BusyError):
     """Too many requests queued: retry later (HTTP 429)."""
 
 

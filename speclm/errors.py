@@ -19,3 +19,8 @@ class InvalidRequestError(SpeclmError, ValueError):
 
 class BackendError(SpeclmError):
     """The inference backend failed (e.g. a llama.cpp decode returned an error)."""
+
+
+class BusyError(SpeclmError):
+    """What the request needs now (a queue place, a free KV sequence) is all taken:
+    retry later (the server's 429, with Retry-After)."""

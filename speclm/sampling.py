@@ -5,6 +5,12 @@ samples from (temperature, top-k, top-p, min-p applied, renormalised). Plain
 decoding samples from it; speculative decoding accepts and resamples against
 it. Both call this one function, so the two can never disagree on what "the
 target distribution" is.
+
+How a token is drawn from it (`draw`): with a seed, by Gumbel-max with noise
+keyed by (seed, position) (`keyed_sample`), so the token at a position is a
+function of the seed, the position and p alone, whatever drew the tokens
+before it; without one, by inverse CDF from the request's generator
+(`sample`). docs/design.md#seeded-sampling.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ class SamplingParams:
     """How the target distribution is derived from the model's logits.
 
     temperature == 0 means greedy (argmax). top_k == 0 and top_p == 1.0 and
-    min_p == 0.0 disable those filters. `seed` makes a run reproducible. Each
+    min_p == 0.0 disable those filters. `seed` makes a run reproducible, and
+    equal to plain decoding's with that seed (`draw`). Each
     field is a declared setting: the commands' flags and the server's request
     fields are generated from it (speclm/options.py).
     """
@@ -39,8 +46,9 @@ class SamplingParams:
                           request=True)
     min_p: float = option(0.0, "drop tokens less likely than this times the most likely one (0: off)",
                           request=True)
-    seed: int | None = option(None, "sampling seed (a run with the same seed and settings repeats)", kind=int,
-                              request=True)
+    seed: int | None = option(None, "sampling seed: the token at each position is drawn with noise keyed by "
+                              "(seed, position), so the same seed and settings give the same text whatever the "
+                              "method, K, batch or earlier traffic", kind=int, request=True)
     max_new_tokens: int = option(128, "tokens to generate at most", request="max_tokens")
     stop: tuple[str, ...] = option((), "stop when this text appears (repeatable)", many="repeat", request=True)
     ignore_eos: bool = option(False, "generate max-new-tokens tokens even past the end-of-text token",
@@ -145,3 +153,37 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     cdf = np.cumsum(p)
     u = rng.random() * cdf[-1]
     return int(min(np.searchsorted(cdf, u, side="right"), p.size - 1))
+
+
+def position_uniforms(seed: int, position: int, size: int) -> np.ndarray:
+    """u_v ~ U[0, 1) for the tokens v < size, i.i.d., a function of (seed, position, v)
+    alone: a longer draw starts with the shorter one (a draft vocabulary of another
+    size sees the same noise per token), and every position has its own stream."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, position]))).random(size)
+
+
+def keyed_sample(p: np.ndarray, seed: int, position: int) -> int:
+    """Gumbel-max: argmax_v log p_v + g_v with g_v = -log E_v, E_v = -log(1 - u_v) ~ Exp(1)
+    i.i.d. (u: position_uniforms), i.e. argmin_v E_v / p_v: an exact sample of p that
+    depends on (p, seed, position) alone.
+
+    Exact and cheap: -log(1 - u) >= u, so u_v / p_v bounds E_v / p_v from below; only
+    the tokens whose bound is under the most likely token's exact E / p can win, and
+    only theirs are computed (no logarithm over the whole vocabulary)."""
+    u = position_uniforms(seed, position, p.size)
+    top = int(np.argmax(p))
+    best = -np.log1p(-u[top]) / p[top]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        candidates = np.flatnonzero(u / p < best)  # p_v = 0: inf (u > 0) or nan (u = 0): never a candidate
+    if candidates.size == 0:
+        return top
+    exact = -np.log1p(-u[candidates]) / p[candidates]
+    return int(candidates[np.argmin(exact)])
+
+
+def draw(p: np.ndarray, params: SamplingParams, rng: np.random.Generator, position: int) -> int:
+    """One token from p for the token at `position` (its index in the context): keyed
+    by (params.seed, position) when the request has a seed, else from rng."""
+    if params.seed is not None:
+        return keyed_sample(p, params.seed, position)
+    return sample(p, rng)

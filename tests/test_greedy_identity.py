@@ -19,7 +19,7 @@ import pytest
 from speclm import SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.speculative import steps
-from speclm.speculative.identity import batch_noise, compare_greedy
+from speclm.speculative.identity import batch_noise, compare_to_ar
 from speclm.speculative.proposers.draft_model import DraftModelProposer
 from speclm.speculative.proposers.ngram import NgramProposer
 
@@ -103,7 +103,7 @@ def test_qwen_pair_draft_model_greedy_matches_plain(qwen_pair, monkeypatch, k, p
     sd = llm.generate(ids, params, SpecConfig(method="sd-draft", k=k))
     monkeypatch.undo()
     assert_self_consistent(calls, sd, ids)
-    report = compare_greedy(llm.target, ids, ar.token_ids, sd.token_ids)
+    report = compare_to_ar(llm.target, ids, ar.token_ids, sd.token_ids)
     print(f"K={k} {prompt[:24]!r}: {report.describe()}")
     if not report.identical:
         pos = report.first_divergence
@@ -112,6 +112,6 @@ def test_qwen_pair_draft_model_greedy_matches_plain(qwen_pair, monkeypatch, k, p
 
 
 def test_identity_report_when_one_output_stops_earlier():
-    report = compare_greedy(ToyBackend(4), [0, 1], [1, 2, 3], [1, 2])
+    report = compare_to_ar(ToyBackend(4), [0, 1], [1, 2, 3], [1, 2])
     assert not report.identical and report.first_divergence == 2
     assert "ended earlier" in report.describe()

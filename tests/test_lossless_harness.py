@@ -109,11 +109,7 @@ def close_draft() -> ToyBackend:
 
 def toy_heads(target: ToyBackend, n_heads: int = 3, seed: int = 5, scale: float = 1.5) -> MedusaHeads:
     """Random Medusa heads over the toy's hidden state: distributions unlike the target's."""
-    rng = np.random.default_rng(seed)
-    d = target.hidden_size
-    return MedusaHeads(rng.standard_normal((n_heads, d, d)) * 0.5, rng.standard_normal((n_heads, d)),
-                       rng.standard_normal((target.vocab_size, d)) * scale, np.arange(target.vocab_size),
-                       target.vocab_size)
+    return MedusaHeads.random(target.vocab_size, target.hidden_size, n_heads, seed, scale)
 
 
 class FrozenCosts(CostModel):
@@ -225,8 +221,9 @@ def terminal(case: Case) -> Callable[[tuple[int, ...]], bool]:
     return is_terminal
 
 
-def run_case(case: Case, n: int | None = None) -> Trace:
-    """n generations through the public API, seeds 0..n-1."""
+def run_case(case: Case, n: int | None = None, seeded: bool = False) -> Trace:
+    """n generations through the public API: without a seed (the rule of unseeded
+    requests), or seeded, with seeds 0..n-1 (keyed noise: sampling.keyed_sample)."""
     target = make_target(case.eos)
     llm = LLM(target=target, draft=case.draft(), heads=toy_heads(target))
     costs = FrozenCosts()
@@ -234,7 +231,7 @@ def run_case(case: Case, n: int | None = None) -> Trace:
     is_terminal, trace = terminal(case), Trace()
     try:
         for i in range(case.n if n is None else n):
-            res = llm.generate(PROMPT, case.params(seed=i), case.spec)
+            res = llm.generate(PROMPT, case.params(seed=i if seeded else None), case.spec)
             y = tuple(res.token_ids[:case.n_tokens])
             if case.eos and len(y) < case.n_tokens and not is_terminal(y) and res.finish_reason == "stop":
                 y += (EOS,)  # ended by EOS (never in token_ids): EOS is the outcome's last token
@@ -314,10 +311,10 @@ def _bonus_from_p_k(monkeypatch: pytest.MonkeyPatch) -> None:
             last["p"] = out[0]
         return out
 
-    def resample(p, q, rejected, params, rng) -> int:
+    def resample(p, q, rejected, params, rng, at=0) -> int:
         if rejected is None and len(last["p"]) >= 2:
             return sample(last["p"][-2], rng)
-        return real_resample(p, q, rejected, params, rng)
+        return real_resample(p, q, rejected, params, rng, at)
 
     monkeypatch.setattr(steps, "score", score)
     monkeypatch.setattr(loop, "resample", resample)
@@ -354,7 +351,7 @@ def _medusa_q_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _accept_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """Gross: keep every draft token whatever p and q say."""
-    monkeypatch.setattr(loop, "accept", lambda d, p, params, rng: len(d.tokens))
+    monkeypatch.setattr(loop, "accept", lambda d, p, params, rng, at=0: len(d.tokens))
 
 
 @pytest.mark.parametrize("bug,case_name", [
@@ -369,4 +366,87 @@ def test_the_harness_rejects_a_broken_loop(monkeypatch: pytest.MonkeyPatch, bug,
     bug(monkeypatch)
     case = CASES[case_name]
     v = verdict(case, run_case(case, N_NEGATIVE).samples)
+    assert not v.lossless, f"bug not detected:\n{v.describe()}"
+
+
+# ---- seeded requests: plain decoding's text, and the target's law ---------------------
+N_SEEDED = 200  # per grid case: the identity with ar is exact, the law is ar's (tested at N below)
+
+
+def ar_twin(case: Case) -> Case:
+    """The case's plain decoding: same sampling, EOS, stops and window."""
+    return dataclasses.replace(case, name=f"ar-twin-of-{case.name}", spec=SpecConfig(method="ar", k=case.spec.k))
+
+
+_AR_SEEDED: dict[tuple, list[tuple[int, ...]]] = {}
+
+
+def seeded_ar(case: Case, n: int) -> list[tuple[int, ...]]:
+    """ar's samples for seeds 0..n-1 under the case's settings (shared by the cases that
+    differ only in method)."""
+    key = (tuple(sorted(case.sampling.items())), case.eos, case.stop, case.spec.k, n)
+    if key not in _AR_SEEDED:
+        _AR_SEEDED[key] = run_case(ar_twin(case), n, seeded=True).samples
+    return _AR_SEEDED[key]
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("ar-")])
+def test_a_seeded_request_emits_plain_decodings_text_and_keeps_the_target_distribution(name: str) -> None:
+    """With a seed, each token is the target's keyed sample at its position
+    (sampling.keyed_sample), and a draft token is accepted exactly when it equals it:
+    every method's output, for every seed, is ar's with that seed, token for token, in
+    every setting of the grid (deterministic drafts, sampled ones drawn with the same
+    position's noise, SSD's from its process, Medusa adapting online); the samples pass
+    the harness; and the case really speculated (acceptances and rejections)."""
+    case = CASES[name]
+    trace = run_case(case, N_SEEDED, seeded=True)
+    ar = seeded_ar(case, N_SEEDED)
+    differing = [i for i, (a, b) in enumerate(zip(ar, trace.samples)) if a != b]
+    assert not differing, f"seeds {differing[:5]}: {[(ar[i], trace.samples[i]) for i in differing[:3]]}"
+    v = verdict(case, trace.samples)
+    assert v.lossless, v.describe()
+    assert trace.with_acceptance > N_SEEDED // 20 and trace.with_rejection > N_SEEDED // 20, \
+        (trace.with_acceptance, trace.with_rejection)
+
+
+def test_seeded_plain_decoding_samples_the_target_distribution() -> None:
+    """ar with seeds 0..N-1 passes the harness at the grid's sample size: so does every
+    method, whose seeded output is ar's (above). Temperature with top-p and min-p, over
+    a 7-token window."""
+    case = ar_twin(CASES["sd-draft-pmin-t1.5-p-minp"])
+    v = verdict(case, seeded_ar(case, N))
+    assert v.lossless, v.describe()
+
+
+def _noise_keyed_by_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Key each round's noise by the round's index (and the offset in the round) instead
+    of the token's position: every token still gets fresh noise, but which noise now
+    depends on where the rounds fell."""
+    monkeypatch.setattr(loop.Generation, "noise_position", property(lambda gen: 1000 * len(gen.rounds)))
+
+
+def _noise_keyed_by_seed_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Draw every position with the same noise (keyed by the seed, not the position)."""
+    from speclm import sampling
+    real = sampling.position_uniforms
+    monkeypatch.setattr(sampling, "position_uniforms", lambda seed, position, size: real(seed, 0, size))
+
+
+def test_noise_keyed_by_round_breaks_the_identity_with_plain_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control of the identity test: keyed by round, each emitted token
+    still has fresh noise (the law can stay right), but sd-ngram's text for a seed is no
+    longer ar's: what the identity test exists to catch."""
+    _noise_keyed_by_round(monkeypatch)
+    case = CASES["sd-ngram-t1.0"]
+    spec, ar = run_case(case, 200, seeded=True).samples, run_case(ar_twin(case), 200, seeded=True).samples
+    assert sum(a != b for a, b in zip(ar, spec)) > 20
+
+
+def test_noise_keyed_by_seed_alone_fails_the_harness(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control of the law: one noise for every position keeps the identity
+    (ar and sd-ngram use the same wrong noise) but correlates the tokens, and the
+    harness rejects ar's seeded samples."""
+    _noise_keyed_by_seed_alone(monkeypatch)
+    case = ar_twin(CASES["sd-ngram-t1.0"])
+    v = verdict(case, run_case(case, N_NEGATIVE, seeded=True).samples)
     assert not v.lossless, f"bug not detected:\n{v.describe()}"

@@ -19,7 +19,7 @@ from speclm.errors import InvalidRequestError, ModelError
 from speclm.heads.file import load_heads, output_matrix, save_heads, target_sha256
 from speclm.heads.model import MedusaHeads
 from speclm.heads.train import TrainConfig, WorkDir, train
-from speclm.speculative.identity import compare_greedy
+from speclm.speculative.identity import compare_to_ar
 
 from .test_lossless_harness import toy_heads
 
@@ -122,7 +122,7 @@ def test_trained_heads_draft_and_greedy_output_matches_plain_decoding(trained, s
     spec = SpecConfig(method="medusa", k=3).with_options(heads=str(path))
     out = llm.generate(prompt, SamplingParams(max_new_tokens=48), spec)
     ar = llm.generate(prompt, SamplingParams(max_new_tokens=48), SpecConfig(method="ar"))
-    report = compare_greedy(smol.target, prompt, ar.token_ids, out.token_ids)
+    report = compare_to_ar(smol.target, prompt, ar.token_ids, out.token_ids)
     assert report.identical or report.ar_top2_margin < 0.5, report
     assert out.summary.proposed > 0 and all("heads_ms" in r.info for r in out.rounds if r.proposed)
 

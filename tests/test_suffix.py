@@ -288,8 +288,8 @@ def test_sampled_output_has_the_target_distribution(with_controller):
     # fixed costs under which some prefixes pay and some do not (weight 0: not re-measured)
     cost, calibration = CostModel(verify_ms={1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5}, weight=0.0), Calibration()
     samples, accepted, rejected, cut_to_zero = [], 0, 0, 0
-    for i in range(N_SAMPLES):
-        params = SamplingParams(max_new_tokens=K + 2, seed=i, **params_kw)
+    for _ in range(N_SAMPLES):
+        params = SamplingParams(max_new_tokens=K + 2, **params_kw)  # unseeded: accepted with probability p(d)
         ctrl = GoodputController(cost, k_max=K, calibration=calibration, per_position=True) if with_controller else None
         res = steps.generate(target, SuffixProposer(cache), PROMPT, params, K, controller=ctrl)
         samples.append(tuple(res.token_ids[:N_TOKENS]))

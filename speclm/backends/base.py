@@ -42,6 +42,11 @@ class Backend(ABC):
     bos_id: int | None
     kernel_choice = None  # llama.cpp: the probe.KernelChoice it was loaded with (None: no kernels to choose)
 
+    @property
+    def live_sequences(self) -> int:
+        """Sequences held now (given by new_sequence, not yet freed); 0 where not counted."""
+        return 0
+
     # ---- tokenizer -------------------------------------------------------
     @abstractmethod
     def tokenize(self, text: str, add_special: bool = True, special: bool = True) -> list[int]:

@@ -12,6 +12,7 @@ import hashlib
 
 import numpy as np
 
+from ..errors import BackendError
 from .base import Backend
 
 TOY_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
@@ -27,12 +28,12 @@ class ToyBackend(Backend):
 
     def __init__(self, vocab_size: int = 6, seed: int = 0, order: int = 2,
                  sharpness: float = 1.5, eos_id: int | None = None, n_ctx: int = 512,
-                 alphabet: str = TOY_ALPHABET, name: str | None = None):
+                 alphabet: str = TOY_ALPHABET, name: str | None = None, max_sequences: int | None = None):
         if not 2 <= vocab_size <= len(alphabet):
             raise ValueError(f"vocab_size must be in [2, {len(alphabet)}]")
         self.vocab_size, self.seed, self.order, self.sharpness = vocab_size, seed, order, sharpness
         self.alphabet = alphabet[:vocab_size]
-        self.n_ctx = n_ctx
+        self.n_ctx, self.max_sequences = n_ctx, max_sequences  # max_sequences None: unlimited
         self.bos_id = None
         self.eos_ids = frozenset() if eos_id is None else frozenset({eos_id})
         self.name = name or f"toy(v={vocab_size},seed={seed},order={order})"
@@ -71,6 +72,8 @@ class ToyBackend(Backend):
 
     # ---- sequences -----------------------------------------------------
     def new_sequence(self) -> int:
+        if self.max_sequences is not None and len(self._seqs) >= self.max_sequences:
+            raise BackendError(f"all {len(self._seqs)} KV sequences of {self.name} are in use")
         sid = self._next_id
         self._next_id += 1
         self._seqs[sid] = []

@@ -29,7 +29,7 @@ def add_generate_parser(sub) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..api import SpecConfig
-    from ..speculative.identity import compare_greedy
+    from ..speculative.identity import compare_to_ar
     from .stats import print_stats
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -48,8 +48,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ar = identity = None
         if args.compare_ar and not get_method(spec.method).baseline:
             ar = llm.generate(prompt_ids, params, SpecConfig(method="ar"))
-            if params.greedy:
-                identity = compare_greedy(llm.target, prompt_ids, ar.token_ids, result.token_ids)
+            if params.greedy or params.seed is not None:  # then plain decoding's text is the one to equal
+                identity = compare_to_ar(llm.target, prompt_ids, ar.token_ids, result.token_ids, params)
     if args.json:
         out = result.to_dict()
         out["kernels"] = kernels.to_dict() if kernels is not None else None

@@ -41,9 +41,10 @@ def stats_rows(result: GenerationResult, ar: GenerationResult | None,
         rows.append(("AR tok/s", _fmt(ar.summary.tokens_per_s)))
         rows.append(("speedup vs AR", f"{speedup:.2f}x" + ("" if speedup >= 1 else " (speculation lost)")))
         if identity is not None:
-            rows.append(("greedy identity with AR", identity.describe()))
+            rows.append((f"{identity.rule} identity with AR", identity.describe()))
         else:
-            rows.append(("identity with AR", "n/a (sampling: outputs differ by design; distributions match)"))
+            rows.append(("identity with AR", "n/a (sampling without a seed: outputs differ by design; "
+                                              "distributions match)"))
     return rows
 
 

@@ -57,6 +57,16 @@ class MedusaHeads:
     target_sha256: str = ""
     meta: dict = field(default_factory=dict)
 
+    @classmethod
+    def random(cls, vocab_size: int, hidden_size: int, n_heads: int = 3, seed: int = 5,
+               scale: float = 1.5) -> MedusaHeads:
+        """Untrained heads with seeded random weights over the whole vocabulary: drafts
+        unlike any target's (the toy backend's tests and scripts draft with them)."""
+        rng = np.random.default_rng(seed)
+        return cls(rng.standard_normal((n_heads, hidden_size, hidden_size)) * 0.5,
+                   rng.standard_normal((n_heads, hidden_size)),
+                   rng.standard_normal((vocab_size, hidden_size)) * scale, np.arange(vocab_size), vocab_size)
+
     def __post_init__(self) -> None:
         self.W = np.ascontiguousarray(self.W, dtype=np.float32)
         self.b = np.ascontiguousarray(self.b, dtype=np.float32)

@@ -46,7 +46,7 @@ from ..engine import Engine, RequestHandle
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
 from ..speculative.loop import context_problem
-from ..speculative.methods import get_method
+from ..speculative.methods import get_method, priced_proposals
 from .config import ServerConfig
 from .gate import Gate, tenant_of
 from .prom import RequestMetrics, ServerMetrics
@@ -96,6 +96,8 @@ class ServerState:
         if get_method(self.spec.method).needs_draft(self.spec, has_draft=self.draft is not None) \
                 and self.draft is None:
             raise InvalidRequestError(f"the default method {self.spec.method} needs a draft model (--draft)")
+        for proposal in sorted(priced_proposals(self.spec, has_draft=self.draft is not None)):
+            llm.measure_costs(proposal)  # now, while every KV sequence is free: a request never waits to time them
         self.model_id = config.model_id or Path(llm.target.name).stem
         self.engine = Engine(llm, config.max_concurrency, config.max_queue)
         self.tenants = Tenants(config.keys, config.share_cache)

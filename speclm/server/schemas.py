@@ -17,8 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.requests import ClientDisconnect
 
 from ..api import SpecConfig
-from ..engine import EngineFullError
-from ..errors import BackendError, InvalidRequestError, SpeclmError
+from ..errors import BackendError, BusyError, InvalidRequestError, SpeclmError
 from ..metrics import GenerationResult
 from ..options import options_of
 from ..sampling import SamplingParams
@@ -84,7 +83,7 @@ def api_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, ClientDisconnect):
         return APIError(499, "the client closed the connection", code="client_closed_request")
-    if isinstance(exc, EngineFullError):
+    if isinstance(exc, BusyError):  # the queue is full, or what the request needs now is all taken
         return APIError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded")
     if isinstance(exc, (InvalidRequestError, ValueError)):  # ValueError: a tokenizer refusing the text
         return APIError(400, str(exc), param=getattr(exc, "param", None))

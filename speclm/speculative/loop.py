@@ -25,7 +25,7 @@ import numpy as np
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult, RoundRecord, summarize
-from ..sampling import SamplingParams, sample, target_probs
+from ..sampling import SamplingParams, keyed_sample, sample, target_probs
 from ..stops import StopChecker
 from .controller import Controller, FixedK
 from .proposers.base import Draft, Proposer
@@ -57,13 +57,19 @@ def score(target: Backend, blocks: Sequence[tuple[int, list[int], SamplingParams
 
 # ---- 3. accept -----------------------------------------------------------
 def accept(d: Draft, p: list[np.ndarray], params: SamplingParams,
-           rng: np.random.Generator) -> int:
+           rng: np.random.Generator, at: int = 0) -> int:
     """Length of the accepted prefix: d_i is kept with prob min(1, p_i(d_i)/q_i(d_i))
-    (greedy: iff d_i is the argmax of p_i)."""
+    (greedy: iff d_i is the argmax of p_i). Seeded (params.seed): iff d_i is the
+    target's own keyed sample at its position at + i, the token plain decoding with
+    that seed emits there (sampling.keyed_sample; docs/design.md#seeded-sampling)."""
     for i, tok in enumerate(d.tokens):
         p_tok = p[i][tok] if tok < p[i].size else 0.0
         if params.greedy:
             if tok != int(np.argmax(p[i])):
+                return i
+            continue
+        if params.seed is not None:
+            if tok != keyed_sample(p[i], params.seed, at + i):
                 return i
             continue
         q_tok = 1.0 if d.q[i] is None else float(d.q[i][tok])
@@ -74,12 +80,15 @@ def accept(d: Draft, p: list[np.ndarray], params: SamplingParams,
 
 # ---- 4. resample ---------------------------------------------------------
 def resample(p: np.ndarray, q: np.ndarray | None, rejected: int | None,
-             params: SamplingParams, rng: np.random.Generator) -> int:
-    """The round's last token. After a rejection of `rejected` drawn from q:
-    a sample of norm(max(0, p - q)); after a full acceptance (rejected None):
-    a bonus sample of p."""
+             params: SamplingParams, rng: np.random.Generator, at: int = 0) -> int:
+    """The round's last token, at position `at`. After a rejection of `rejected`
+    drawn from q: a sample of norm(max(0, p - q)); after a full acceptance
+    (rejected None): a bonus sample of p. Seeded: the keyed sample of p at `at`
+    either way (it differs from a rejected draft token by construction)."""
     if params.greedy:
         return int(np.argmax(p))
+    if params.seed is not None:
+        return keyed_sample(p, params.seed, at)
     if rejected is None:
         return sample(p, rng)
     if q is None:  # deterministic proposer: q is one-hot at the rejected token
@@ -200,6 +209,13 @@ class Generation:
         if not self.prefill_left:
             self.prefill_ms = (time.perf_counter() - self.t_begin) * 1000
 
+    @property
+    def noise_position(self) -> int:
+        """The position of the round's first new token (p_1's), whose index in the
+        context it will be: seeded sampling keys its noise by it, so a token's noise
+        is its position's, however the rounds fell (docs/design.md#seeded-sampling)."""
+        return len(self.context)
+
     def plan(self) -> Round | None:
         """Stage 1 of the next round: the controller chooses K, the proposer drafts,
         the controller keeps the prefix that pays. None: the context is full and the
@@ -231,9 +247,10 @@ class Generation:
         the whole forward when other requests shared it (verify_ms is its time)."""
         d, note, info, draft_ms = rnd.draft, rnd.note, rnd.info, rnd.draft_ms
         t2 = time.perf_counter()
-        a = accept(d, p, self.params, self.rng)
+        at = self.noise_position
+        a = accept(d, p, self.params, self.rng, at)
         last = resample(p[a], d.q[a] if a < len(d) else None,
-                        d.tokens[a] if a < len(d) else None, self.params, self.rng)
+                        d.tokens[a] if a < len(d) else None, self.params, self.rng, at + a)
         iterate(self.target, self.seq, self.context, d, a, last)
         if self.proposer is not None and self.k > 0:
             self.proposer.verified(d, p[:a + 1], a)

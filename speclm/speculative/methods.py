@@ -41,8 +41,8 @@ class Resources(Protocol):
     def speculator(self) -> Any: ...
     def suffix_cache(self, scope: str | None = None) -> SuffixCache | None: ...
     def medusa_heads(self, spec: SpecConfig) -> tuple[Any, Any]: ...
-    def cost_model(self, proposal: str | None, k: int) -> CostModel: ...
-    def calibration(self, proposal: str | None) -> Calibration: ...
+    def cost_model(self, proposal: str | None, k: int, scope: str | None = None) -> CostModel: ...
+    def calibration(self, proposal: str | None, scope: str | None = None) -> Calibration: ...
     def proposal_of(self, spec: SpecConfig) -> str | None: ...
 
 
@@ -115,9 +115,10 @@ def _ssd_threads(llm: LLM, spec: SpecConfig) -> int | None:
 
 
 def _goodput(llm: LLM, spec: SpecConfig) -> GoodputController:
-    proposal = llm.proposal_of(spec)
-    return GoodputController(llm.cost_model(proposal, spec.k), k_max=spec.k,
-                             calibration=llm.calibration(proposal), per_position=PROPOSALS[proposal].estimates)
+    """Costs and calibration as the request's cache scope learnt them (a tenant's own)."""
+    proposal, scope = llm.proposal_of(spec), spec.cache_scope
+    return GoodputController(llm.cost_model(proposal, spec.k, scope), k_max=spec.k,
+                             calibration=llm.calibration(proposal, scope), per_position=PROPOSALS[proposal].estimates)
 
 
 def _heuristic(llm: LLM, spec: SpecConfig) -> HeuristicController:
@@ -133,6 +134,8 @@ class Method:
     NO_MODEL_PROPOSAL); controller(llm, spec): picks K each round (None: fixed
     K); threads(llm, spec): the target's compute threads for the request.
     proposal may also be a Proposal record, which register() adds to PROPOSALS.
+    priced: its controller reads the proposal's measured costs (LLM.cost_model), so a
+    server measures them before it takes requests (`priced_proposals`).
     """
 
     name: str
@@ -144,6 +147,7 @@ class Method:
     default_k: int = 4  # SpecConfig.k when the request does not set it
     in_default_bench: bool = False  # `speclm bench` runs it unless --methods says otherwise
     sync_twin: str | None = None  # the method drafting alike but synchronously (the bench's SSD projection)
+    priced: bool = False
 
     @property
     def uses_k(self) -> bool:
@@ -203,6 +207,13 @@ def get_method(name: str) -> Method:
         raise InvalidRequestError(f"unknown method {name!r}: choose one of {', '.join(METHODS)}") from None
 
 
+def priced_proposals(spec: SpecConfig, has_draft: bool) -> set[str]:
+    """The proposals whose measured costs a request may read when `spec` is its default
+    (requests choose the method, not what an adaptive one drafts with)."""
+    kinds = {m.proposal_for(spec, has_draft) for m in METHODS.values() if m.priced}
+    return {k for k in kinds if k is not None and (has_draft or not PROPOSALS[k].needs_draft)}
+
+
 def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 
@@ -220,7 +231,8 @@ register(Method("sd-suffix", "suffix decoding: drafts from this request and earl
                              "fixed K", proposal="suffix", default_k=16))
 register(Method("auto", "goodput controller: K chosen every round from measured costs and acceptance "
                         "(per drafted token, for suffix decoding), K = 0 (plain decoding) when speculation "
-                        "does not pay", proposal="suffix", adaptive=True, controller=_goodput, default_k=16))
+                        "does not pay", proposal="suffix", adaptive=True, controller=_goodput, default_k=16,
+                priced=True))
 register(Method("medusa", "Medusa heads on the target's hidden state (speclm heads train), fixed K "
                           "(at most the number of heads); --heads-online adapts them from verification",
                 proposal="medusa", default_k=3))

@@ -35,7 +35,7 @@ from ...errors import InvalidRequestError
 from ...speculative.loop import context_problem
 from ...metrics import GenerationResult
 from ...sampling import SamplingParams
-from ...speculative.identity import compare_greedy
+from ...speculative.identity import compare_to_ar
 from ..setup.config import Arm, BenchConfig, make_arms
 from ..setup.methods import BASELINE
 from ..setup.workloads import Prompt
@@ -131,7 +131,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
             rec, result = s.attempts[-1]
             rec["identity"] = None
             if params.greedy and not s.baseline and ar is not None:
-                rec["identity"] = compare_greedy(llm.target, ids, ar.result.token_ids, result.token_ids).to_dict()
+                rec["identity"] = compare_to_ar(llm.target, ids, ar.result.token_ids, result.token_ids).to_dict()
             records.append(rec)
             if sink:
                 sink.write(rec, result)

@@ -1,12 +1,14 @@
 """Draft-model proposer: a smaller model with its own KV cache, sampled with
-the request's own processing; q is exactly what each token was drawn from."""
+the request's own processing; q is exactly what each token was drawn from.
+A seeded request draws each token with its position's keyed noise, the noise
+the target's own sample there uses (sampling.draw), so the two tend to agree."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ...backends.base import Backend
-from ...sampling import SamplingParams, sample, softmax, target_probs
+from ...sampling import SamplingParams, draw, softmax, target_probs
 from .base import Draft, Proposer
 
 
@@ -55,7 +57,7 @@ class DraftModelProposer(Proposer):
             if self.p_min > 0.0 and i > 0 and float(softmax(logits).max()) < self.p_min:
                 break  # a confidence stop: q stays exact for every token proposed
             q = target_probs(logits, params)
-            tok = int(np.argmax(q)) if params.greedy else sample(q, rng)
+            tok = int(np.argmax(q)) if params.greedy else draw(q, params, rng, len(context) + i)
             draft.tokens.append(tok)
             draft.q.append(None if params.greedy else q)
             if i + 1 < k:  # the last drafted token is never fed: saves a forward

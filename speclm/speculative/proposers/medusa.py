@@ -18,7 +18,7 @@ import numpy as np
 from ...errors import InvalidRequestError
 from ...heads.model import MedusaHeads, one_blas_thread, softmax_rows
 from ...heads.online import OnlineLearner
-from ...sampling import SamplingParams
+from ...sampling import SamplingParams, keyed_sample
 from ...options import option
 from .base import Draft, Proposer
 
@@ -70,13 +70,16 @@ class MedusaProposer(Proposer):
                 d.confidence.append(float(row[j]))
         else:
             q = softmax_rows(logits / params.temperature)
-            for row in q:
-                j = int(rng.choice(len(row), p=row))
+            for i, row in enumerate(q):
                 full = np.zeros(self.heads.vocab_size)
                 full[ids] = row
-                d.tokens.append(int(ids[j]))
+                if params.seed is None:
+                    tok = int(ids[int(rng.choice(len(row), p=row))])
+                else:  # the noise of the position head i drafts (sampling.draw)
+                    tok = keyed_sample(full, params.seed, len(context) + i)
+                d.tokens.append(tok)
                 d.q.append(full)
-                d.confidence.append(float(row[j]))
+                d.confidence.append(float(full[tok]))
         self.heads_ms = (time.perf_counter() - t0) * 1000
         return d
 

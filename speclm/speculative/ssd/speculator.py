@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...backends.base import Backend
-from ...sampling import SamplingParams, sample, softmax, target_probs
+from ...sampling import SamplingParams, draw, softmax, target_probs
 from ..proposers.draft_model import common_prefix_len
 from ..proposers.ngram import find_continuation
 from .fanout import AcceptanceEstimate, allocate_fanout, candidates, outcome_probs, saguaro
@@ -224,7 +224,7 @@ class SpeculatorSession:
             return False
         rows = self.backend.score_batch([(b.seq, [b.tokens[-1] if b.tokens else b.t]) for b in todo])
         for b, row in zip(todo, rows):
-            tok, q = self._draw(row[-1])
+            tok, q = self._draw(row[-1], len(self.ctx) + b.k + 1 + len(b.tokens))
             b.tokens.append(tok)
             b.q.append(q)
             b.logits.append(row[-1])
@@ -232,12 +232,13 @@ class SpeculatorSession:
         return True
 
     # ---- helpers -----------------------------------------------------------------
-    def _draw(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
-        """A draft token and the exact q it was drawn from (None: greedy, one-hot)."""
+    def _draw(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray | None]:
+        """A draft token for context position `position` and the exact q it was drawn
+        from (None: greedy, one-hot); a seeded request's with that position's keyed noise."""
         if self.params.greedy:
             return int(np.argmax(logits)), None
         q = saguaro(target_probs(logits, self.params), self.opts.saguaro_c, self.opts.saguaro_top)
-        return sample(q, self.rng), q
+        return draw(q, self.params, self.rng, position), q
 
     def _fallback(self, new_ctx: list[int], neural: bool | None = None) -> Block:
         """A block drafted now, from new_ctx (a cache miss)."""
@@ -260,7 +261,7 @@ class SpeculatorSession:
         logits = self.backend.prefill(self.main, new_ctx[keep:])
         tokens, qs, rows = [], [], []
         for i in range(n):
-            tok, q = self._draw(logits)
+            tok, q = self._draw(logits, len(new_ctx) + i)
             tokens.append(tok)
             qs.append(q)
             rows.append(logits)
