@@ -176,7 +176,10 @@ BAD_INPUTS = [
     ("token id out of range", C, {"prompt": [10**9]}, 400, "token ids"),
     ("missing prompt", C, {"max_tokens": 3}, 400, "prompt"),
     ("max_completion_tokens 0", CHAT, {"messages": [{"role": "user", "content": "hi"}],
-                                       "max_completion_tokens": 0}, 400, "max_tokens"),
+                                       "max_completion_tokens": 0}, 400, "max_completion_tokens must be in"),
+    ("max_completion_tokens past the context", CHAT, {"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_completion_tokens": 1020}, 400,
+     "lower max_completion_tokens"),
     ("prompt over the context", C, {"prompt": LONG}, 400, "context"),
     ("stream wrong type", C, {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("invalid request with stream", C, {"prompt": "hi", "stream": True, "max_tokens": 0}, 400, "max_tokens"),
@@ -207,6 +210,34 @@ def test_bad_input_is_a_4xx_with_an_openai_error(smol, name, path, body, status,
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str)
     assert needle.lower() in err["message"].lower() or needle == err["param"], err
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+UNSUPPORTED = {  # field -> a value that asks for something speclm does not do
+    "tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False, "functions": [TOOL["function"]],
+    "function_call": {"name": "f"}, "prediction": {"type": "content", "content": "abc"},
+    "messages[1].tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    "messages[1].function_call": {"name": "f", "arguments": "{}"},
+}
+
+
+@pytest.mark.parametrize("field", UNSUPPORTED)
+def test_each_unsupported_field_is_a_400_naming_it(toy, field):
+    """Tool calling is refused, field by field, not silently ignored (openai's own client sends them)."""
+    _, url, _ = toy
+    messages = [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "d"},
+                {"role": "user", "content": "e"}]
+    name = field.rpartition(".")[2]
+    if field.startswith("messages[1]."):
+        messages[1] = {**messages[1], name: UNSUPPORTED[field]}
+    kw = {} if field.startswith("messages") else {field: UNSUPPORTED[field]}
+    with pytest.raises(openai.BadRequestError) as err:
+        client(url).chat.completions.create(model="toy", messages=messages, max_tokens=3, **kw)
+    assert err.value.param == field and f"{field} is not supported" in err.value.message
+    asks_nothing = {"tools": [], "tool_choice": "none", "functions": [], "function_call": "none"}
+    if field in asks_nothing:  # a value that asks for nothing is served
+        r = httpx.post(url + CHAT, json={"messages": messages, "max_tokens": 3, field: asks_nothing[field]})
+        assert r.status_code == 200, r.text
 
 
 def test_unknown_routes_chunked_oversize_and_openai_errors(smol):
@@ -427,6 +458,7 @@ def test_queue_full_is_429_and_the_time_limit_cancels():
             assert wait_until(lambda: app.state.speclm.engine.load == (1, 1))
             full = h.post(url + C, json=body)
             assert full.status_code == 429 and full.json()["error"]["code"] == "rate_limit_exceeded"
+            assert full.headers["retry-after"] == "1"  # schemas.RETRY_AFTER_S
             rest = list(events)
         assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "request_timeout"
         waiter.join(10)

@@ -124,18 +124,18 @@ class ServerState:
         """Validate, tokenize and enqueue (blocking: run it in a worker thread);
         the request drafts from `tenant`'s cache scope."""
         req.unsupported()
-        limit, asked = self.config.max_tokens_limit, req.requested_max_tokens()
+        limit, asked, name = self.config.max_tokens_limit, req.requested_max_tokens(), req.max_tokens_param
         if asked is not None and not 1 <= asked <= limit:
-            raise ParamError(f"max_tokens must be in [1, {limit}], got {asked}", "max_tokens")
+            raise ParamError(f"{name} must be in [1, {limit}], got {asked}", name)
         spec = replace(req.spec(self.spec, has_draft=self.draft is not None),
                        cache_scope=self.tenants.scope_of(tenant))
         req.sampling(1)  # validate the sampling fields before paying for tokenization
         ids, n_ctx = req.prompt_ids(self.llm), self.llm.target.n_ctx
-        if problem := context_problem(n_ctx, len(ids), asked, "max_tokens"):
+        if problem := context_problem(n_ctx, len(ids), asked, name):
             message, culprit = problem
             if culprit == "prompt":
                 raise ParamError(f"{message}: shorten the prompt", req.prompt_param)
-            raise ParamError(f"{message}: lower max_tokens or shorten the prompt", "max_tokens")
+            raise ParamError(f"{message}: lower {name} or shorten the prompt", name)
         if asked is None:
             asked = min(req.default_max_tokens or limit, limit, n_ctx - len(ids))
         return self.engine.submit(ids, req.sampling(asked), spec)
