@@ -30,11 +30,12 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
 
 
 @contextmanager
-def live(app, **config) -> Iterator[tuple[str, Server]]:
-    """Serve `app` on a free loopback port in a background thread (config: uvicorn.Config's)."""
+def live(app, uvicorn_config: uvicorn.Config | None = None, **config) -> Iterator[tuple[str, Server]]:
+    """Serve `app` on a free loopback port in a background thread, under `uvicorn_config`
+    (its host and port aside) or one made of `config` (uvicorn.Config's keywords)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = Server(uvicorn.Config(app, log_level="warning", **config))
+    server = Server(uvicorn_config or uvicorn.Config(app, log_level="warning", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

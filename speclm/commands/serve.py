@@ -5,9 +5,10 @@ environment variable (or --api-key, which every local user can read in `ps`)
 makes /v1/*, /admin/* and /metrics require `Authorization: Bearer KEY`. Several
 keys (comma-separated, or --api-key repeated) are several tenants, each with
 its own suffix cache and prompt KV cache unless --share-suffix-cache. Slow clients are
-bounded: a body must arrive within --body-timeout (408), idle keep-alive
-connections close after --keep-alive-timeout, and beyond --max-connections
-uvicorn answers 503. Ctrl-C / SIGTERM cancels in-flight requests (streams end
+bounded: request headers must arrive within --header-timeout and a body within
+--body-timeout (408), idle keep-alive connections close after --keep-alive-timeout,
+one address opens at most --max-connections-per-client connections (429), and beyond
+--max-connections every route but /health answers 503. Ctrl-C / SIGTERM cancels in-flight requests (streams end
 with an error event and [DONE]), closes the LLM (the SSD speculator and its
 temporary socket directory included) and exits (SIGTERM: status 143).
 """
@@ -30,6 +31,7 @@ from ..errors import InvalidRequestError
 from ..speculative.methods import get_method
 from ..server.app import create_app
 from ..server.config import ListenConfig, ServerConfig
+from ..server.connections import guarded_protocol
 from .options import add_options, add_spec_options, build, open_llm, spec_from_args
 
 
@@ -89,10 +91,12 @@ class Server(uvicorn.Server):
 
 
 def uvicorn_config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
-    """uvicorn's settings from the serve flags (the connection cap and keep-alive timeout)."""
+    """uvicorn's settings from the serve flags: the h11 protocol under the connection
+    bounds (connections.py; not uvicorn's limit_concurrency, which would refuse /health
+    too) and the keep-alive timeout."""
     listen = build(args, ListenConfig)
     return uvicorn.Config(app, host=listen.host, port=listen.port, log_level=listen.log_level,
-                          limit_concurrency=listen.connection_cap(build(args, ServerConfig)),
+                          http=guarded_protocol(listen.connection_limits(build(args, ServerConfig))),
                           timeout_keep_alive=listen.keep_alive_timeout)
 
 
