@@ -22,6 +22,7 @@ from speclm import LLM, SpecConfig
 from speclm.backends.toy import TOY_ALPHABET, ToyBackend
 from speclm.server import ServerConfig, create_app
 from speclm.errors import InvalidRequestError
+from speclm.models.registry import REGISTRY
 from speclm.commands.serve import Server, add_serve_parser, build_app, cmd_serve
 from speclm.server.tenants import split_keys, tenant_id
 from speclm.speculative.methods import DEFAULT_METHOD
@@ -139,7 +140,9 @@ def test_models_and_health(smol):
     models = client(url).models.list().data
     assert [m.id for m in models] == ["smollm2"]
     ext = models[0].model_extra["speclm"]
-    assert ext["target"] == ext["lossless_against"] == llm.target.name and ext["target"].endswith(".gguf")
+    smol = REGISTRY["smollm2-135m"]
+    assert ext["target"] == ext["lossless_against"] == {"name": smol.name, "sha256": smol.sha256}
+    assert str(llm.target.path.parent) not in str(ext)  # the name and sha256, not where the file lies
     assert ext["draft"] is None and ext["default_speculative"] == {"method": "sd-ngram", "k": 3}
     assert httpx.get(url + "/v1/models/smollm2").json()["id"] == "smollm2"
     missing = httpx.get(url + "/v1/models/gpt-4")
@@ -358,15 +361,15 @@ def test_sixteen_concurrent_streams_match_their_solo_runs(toy):
     assert llm.target.live_sequences == 0 and llm.draft.live_sequences == 0
 
 
-def test_api_key_guards_v1_and_metrics_only():
+def test_api_key_guards_v1_only():
+    """/metrics is the operator's, loopback's without an operator key (test_server_access.py)."""
     with live(create_app(toy_llm(), ServerConfig(model_id="toy", api_key="sekret"))) as (url, _):
         with pytest.raises(openai.AuthenticationError):
             client(url, "wrong").completions.create(model="toy", prompt="abc", max_tokens=3)
-        for path in ("/v1/models", "/metrics"):
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
-                r = httpx.get(url + path, headers=headers)
-                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-            assert httpx.get(url + path, headers={"Authorization": "Bearer sekret"}).status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+            r = httpx.get(url + "/v1/models", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
         r = client(url, "sekret").completions.create(model="toy", prompt="abc", max_tokens=3)
         assert len(r.choices[0].text) == 3
         assert httpx.get(url + "/health").status_code == 200

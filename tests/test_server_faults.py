@@ -179,9 +179,12 @@ def test_api_key_flag_points_to_the_environment_variable_and_warns(monkeypatch, 
 
     monkeypatch.setattr("speclm.commands.serve.build_app", stop)
     with pytest.raises(RuntimeError):
-        cmd_serve(parse_serve("--api-key", "sekret"))
+        cmd_serve(parse_serve("--api-key", "sekret", "--operator-key", "op"))
     err = capsys.readouterr().err
     assert "--api-key is visible to every local user" in err and "SPECLM_API_KEY" in err
+    assert "--operator-key is visible to every local user" in err and "SPECLM_OPERATOR_KEY" in err
+    monkeypatch.setenv("SPECLM_OPERATOR_KEY", "from-env")
+    assert ServerConfig().with_env_keys().operator_key == "from-env"
 
 
 # ---- the SSD speculator through the server ----------------------------------------

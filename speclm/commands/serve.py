@@ -2,7 +2,9 @@
 
 Safe by default: binds 127.0.0.1 unless --host is given; the SPECLM_API_KEY
 environment variable (or --api-key, which every local user can read in `ps`)
-makes /v1/*, /admin/* and /metrics require `Authorization: Bearer KEY`. Several
+makes /v1/* and /admin/* require `Authorization: Bearer KEY`; /metrics and
+/health's details need SPECLM_OPERATOR_KEY (--operator-key), or without one come
+from loopback (server/access.py). Several
 keys (comma-separated, or --api-key repeated) are several tenants, each with
 its own suffix cache and prompt KV cache unless --share-suffix-cache. Slow clients are
 bounded: request headers must arrive within --header-timeout and a body within
@@ -111,9 +113,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     process would die there, before llm.close(). SystemExit instead lets the
     LLM close: the speculator stops and its temporary directory is removed."""
     build(args, ListenConfig)  # bad flags fail before the models load
-    if args.api_keys:
-        print("speclm: warning: --api-key is visible to every local user (ps, /proc): set SPECLM_API_KEY "
-              "in the environment instead", file=sys.stderr)
+    for flag, given, env in (("--api-key", args.api_keys, "SPECLM_API_KEY"),
+                             ("--operator-key", args.operator_key, "SPECLM_OPERATOR_KEY")):
+        if given:
+            print(f"speclm: warning: {flag} is visible to every local user (ps, /proc): set {env} "
+                  "in the environment instead", file=sys.stderr)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:

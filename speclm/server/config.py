@@ -36,6 +36,10 @@ class ServerConfig:
         (), "require `Authorization: Bearer KEY`; repeat it for several tenants (each key drafts only from its "
         "own outputs); prefer SPECLM_API_KEY=KEY[,KEY...] in the environment: a flag is visible to every local "
         "user in `ps` (default: $SPECLM_API_KEY, else none)", flag="--api-key", many="repeat")
+    operator_key: str | None = option(
+        None, "the key for /metrics, /health's details and clearing any tenant's caches (`Authorization: Bearer "
+        "KEY`); prefer SPECLM_OPERATOR_KEY in the environment (default: $SPECLM_OPERATOR_KEY, else none: then "
+        "/metrics and /health's details are served to loopback clients only)", flag="--operator-key")
     share_cache: bool = option(False, "let every API key draft from one suffix cache and reuse one prompt KV "
                                "cache (faster for related tenants, but acceptance timing and time to first "
                                "token then leak one tenant's outputs and prompts to another)",
@@ -53,14 +57,19 @@ class ServerConfig:
         return tuple(dict.fromkeys(((self.api_key,) if self.api_key else ()) + tuple(self.api_keys)))
 
     def with_env_keys(self) -> ServerConfig:
-        """This config, with $SPECLM_API_KEY's keys when none were given."""
-        if self.keys:
-            return self
-        return dataclasses.replace(self, api_keys=tuple(split_keys(os.environ.get("SPECLM_API_KEY"))))
+        """This config, with $SPECLM_API_KEY's keys when none were given, and
+        $SPECLM_OPERATOR_KEY when no operator key was."""
+        keys = self.keys or tuple(split_keys(os.environ.get("SPECLM_API_KEY")))
+        operator = self.operator_key or os.environ.get("SPECLM_OPERATOR_KEY") or None
+        return dataclasses.replace(self, api_keys=keys, operator_key=operator) if keys or operator else self
 
     def __post_init__(self) -> None:
-        if any(not isinstance(k, str) or not k.strip() or k != k.strip() for k in self.keys):
-            raise InvalidRequestError("API keys must be non-empty text without surrounding spaces")
+        keys = self.keys + ((self.operator_key,) if self.operator_key is not None else ())
+        if any(not isinstance(k, str) or not k.strip() or k != k.strip() for k in keys):
+            raise InvalidRequestError("API keys and the operator key must be non-empty text without surrounding "
+                                      "spaces")
+        if self.operator_key in self.keys:
+            raise InvalidRequestError("the operator key must differ from every API key")
         for name in ("max_tokens_limit", "max_concurrency", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1, got {getattr(self, name)!r}")
