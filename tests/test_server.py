@@ -22,6 +22,7 @@ from speclm import LLM, SpecConfig
 from speclm.backends.toy import TOY_ALPHABET, ToyBackend
 from speclm.server import ServerConfig, create_app
 from speclm.errors import InvalidRequestError
+from speclm.models.registry import REGISTRY
 from speclm.commands.serve import Server, add_serve_parser, build_app, cmd_serve
 from speclm.server.tenants import split_keys, tenant_id
 from speclm.speculative.methods import DEFAULT_METHOD
@@ -30,11 +31,12 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
 
 
 @contextmanager
-def live(app, **config) -> Iterator[tuple[str, Server]]:
-    """Serve `app` on a free loopback port in a background thread (config: uvicorn.Config's)."""
+def live(app, uvicorn_config: uvicorn.Config | None = None, **config) -> Iterator[tuple[str, Server]]:
+    """Serve `app` on a free loopback port in a background thread, under `uvicorn_config`
+    (its host and port aside) or one made of `config` (uvicorn.Config's keywords)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = Server(uvicorn.Config(app, log_level="warning", **config))
+    server = Server(uvicorn_config or uvicorn.Config(app, log_level="warning", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -138,7 +140,9 @@ def test_models_and_health(smol):
     models = client(url).models.list().data
     assert [m.id for m in models] == ["smollm2"]
     ext = models[0].model_extra["speclm"]
-    assert ext["target"] == ext["lossless_against"] == llm.target.name and ext["target"].endswith(".gguf")
+    smol = REGISTRY["smollm2-135m"]
+    assert ext["target"] == ext["lossless_against"] == {"name": smol.name, "sha256": smol.sha256}
+    assert str(llm.target.path.parent) not in str(ext)  # the name and sha256, not where the file lies
     assert ext["draft"] is None and ext["default_speculative"] == {"method": "sd-ngram", "k": 3}
     assert httpx.get(url + "/v1/models/smollm2").json()["id"] == "smollm2"
     missing = httpx.get(url + "/v1/models/gpt-4")
@@ -176,7 +180,10 @@ BAD_INPUTS = [
     ("token id out of range", C, {"prompt": [10**9]}, 400, "token ids"),
     ("missing prompt", C, {"max_tokens": 3}, 400, "prompt"),
     ("max_completion_tokens 0", CHAT, {"messages": [{"role": "user", "content": "hi"}],
-                                       "max_completion_tokens": 0}, 400, "max_tokens"),
+                                       "max_completion_tokens": 0}, 400, "max_completion_tokens must be in"),
+    ("max_completion_tokens past the context", CHAT, {"messages": [{"role": "user", "content": "hi"}],
+                                                      "max_completion_tokens": 1020}, 400,
+     "lower max_completion_tokens"),
     ("prompt over the context", C, {"prompt": LONG}, 400, "context"),
     ("stream wrong type", C, {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("invalid request with stream", C, {"prompt": "hi", "stream": True, "max_tokens": 0}, 400, "max_tokens"),
@@ -207,6 +214,34 @@ def test_bad_input_is_a_4xx_with_an_openai_error(smol, name, path, body, status,
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str)
     assert needle.lower() in err["message"].lower() or needle == err["param"], err
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+UNSUPPORTED = {  # field -> a value that asks for something speclm does not do
+    "tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False, "functions": [TOOL["function"]],
+    "function_call": {"name": "f"}, "prediction": {"type": "content", "content": "abc"},
+    "messages[1].tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    "messages[1].function_call": {"name": "f", "arguments": "{}"},
+}
+
+
+@pytest.mark.parametrize("field", UNSUPPORTED)
+def test_each_unsupported_field_is_a_400_naming_it(toy, field):
+    """Tool calling is refused, field by field, not silently ignored (openai's own client sends them)."""
+    _, url, _ = toy
+    messages = [{"role": "user", "content": "abc"}, {"role": "assistant", "content": "d"},
+                {"role": "user", "content": "e"}]
+    name = field.rpartition(".")[2]
+    if field.startswith("messages[1]."):
+        messages[1] = {**messages[1], name: UNSUPPORTED[field]}
+    kw = {} if field.startswith("messages") else {field: UNSUPPORTED[field]}
+    with pytest.raises(openai.BadRequestError) as err:
+        client(url).chat.completions.create(model="toy", messages=messages, max_tokens=3, **kw)
+    assert err.value.param == field and f"{field} is not supported" in err.value.message
+    asks_nothing = {"tools": [], "tool_choice": "none", "functions": [], "function_call": "none"}
+    if field in asks_nothing:  # a value that asks for nothing is served
+        r = httpx.post(url + CHAT, json={"messages": messages, "max_tokens": 3, field: asks_nothing[field]})
+        assert r.status_code == 200, r.text
 
 
 def test_unknown_routes_chunked_oversize_and_openai_errors(smol):
@@ -326,15 +361,15 @@ def test_sixteen_concurrent_streams_match_their_solo_runs(toy):
     assert llm.target.live_sequences == 0 and llm.draft.live_sequences == 0
 
 
-def test_api_key_guards_v1_and_metrics_only():
+def test_api_key_guards_v1_only():
+    """/metrics is the operator's, loopback's without an operator key (test_server_access.py)."""
     with live(create_app(toy_llm(), ServerConfig(model_id="toy", api_key="sekret"))) as (url, _):
         with pytest.raises(openai.AuthenticationError):
             client(url, "wrong").completions.create(model="toy", prompt="abc", max_tokens=3)
-        for path in ("/v1/models", "/metrics"):
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
-                r = httpx.get(url + path, headers=headers)
-                assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
-            assert httpx.get(url + path, headers={"Authorization": "Bearer sekret"}).status_code == 200
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+            r = httpx.get(url + "/v1/models", headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer sekret"}).status_code == 200
         r = client(url, "sekret").completions.create(model="toy", prompt="abc", max_tokens=3)
         assert len(r.choices[0].text) == 3
         assert httpx.get(url + "/health").status_code == 200
@@ -427,6 +462,7 @@ def test_queue_full_is_429_and_the_time_limit_cancels():
             assert wait_until(lambda: app.state.speclm.engine.load == (1, 1))
             full = h.post(url + C, json=body)
             assert full.status_code == 429 and full.json()["error"]["code"] == "rate_limit_exceeded"
+            assert full.headers["retry-after"] == "1"  # schemas.RETRY_AFTER_S
             rest = list(events)
         assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "request_timeout"
         waiter.join(10)

@@ -1,5 +1,6 @@
 """The server under faults: concurrent calibration and decoding, hostile
-strings, forged chat turns, slow clients, a lost speculator, and SIGTERM.
+strings, forged chat turns, slow clients (test_server_connections.py has the
+connection-level ones), a lost speculator, and SIGTERM.
 `speclm serve` runs as a real process where a crash or a signal is the point."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from speclm.backends.toy import ToyBackend
 from speclm.server import ServerConfig, create_app
 from speclm.commands.options import build
 from speclm.commands.serve import add_serve_parser, cmd_serve, uvicorn_config
+from speclm.server.connections import ConnectionLimits
 from speclm.speculative.ssd.client import SpeculatorConfig
 
 from .test_server import C, CHAT, SlowToy, client, live, scrape, sse_events, toy_llm, wait_until
@@ -155,25 +157,15 @@ def test_a_stalled_body_is_answered_408_within_the_timeout(toy):
     assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
 
 
-def test_connections_beyond_the_cap_are_refused():
-    with live(create_app(toy_llm(), ServerConfig(model_id="toy")), limit_concurrency=2) as (url, _):
-        host, port = url.removeprefix("http://").split(":")
-        idle = [socket.create_connection((host, int(port))) for _ in range(2)]
-        try:
-            time.sleep(0.2)
-            assert httpx.get(url + "/health").status_code == 503
-        finally:
-            for s in idle:
-                s.close()
-        assert wait_until(lambda: httpx.get(url + "/health").status_code == 200)
-
-
 def test_the_slow_client_flags_reach_uvicorn_and_the_app():
-    args = parse_serve("--max-connections", "7", "--keep-alive-timeout", "2", "--body-timeout", "1.5")
+    args = parse_serve("--max-connections", "7", "--keep-alive-timeout", "2", "--body-timeout", "1.5",
+                       "--header-timeout", "3", "--max-connections-per-client", "5")
     config = uvicorn_config(FastAPI(), args)
-    assert (config.limit_concurrency, config.timeout_keep_alive) == (7, 2)
+    assert config.http.limits == ConnectionLimits(header_timeout_s=3.0, per_client=5, max_open=7)
+    assert config.limit_concurrency is None and config.timeout_keep_alive == 2  # uvicorn's cap would refuse /health
     assert build(args, ServerConfig).body_timeout_s == 1.5  # what the app enforces
-    assert uvicorn_config(FastAPI(), parse_serve()).limit_concurrency == 4 + 64 + 32  # concurrency + queue + 32
+    default = uvicorn_config(FastAPI(), parse_serve()).http.limits
+    assert default == ConnectionLimits(10.0, 32, 4 + 64 + 32)  # max_open: concurrency + queue + 32
 
 
 # ---- the API key -----------------------------------------------------------------------
@@ -187,9 +179,12 @@ def test_api_key_flag_points_to_the_environment_variable_and_warns(monkeypatch, 
 
     monkeypatch.setattr("speclm.commands.serve.build_app", stop)
     with pytest.raises(RuntimeError):
-        cmd_serve(parse_serve("--api-key", "sekret"))
+        cmd_serve(parse_serve("--api-key", "sekret", "--operator-key", "op"))
     err = capsys.readouterr().err
     assert "--api-key is visible to every local user" in err and "SPECLM_API_KEY" in err
+    assert "--operator-key is visible to every local user" in err and "SPECLM_OPERATOR_KEY" in err
+    monkeypatch.setenv("SPECLM_OPERATOR_KEY", "from-env")
+    assert ServerConfig().with_env_keys().operator_key == "from-env"
 
 
 # ---- the SSD speculator through the server ----------------------------------------

@@ -2,12 +2,15 @@
 
 Safe by default: binds 127.0.0.1 unless --host is given; the SPECLM_API_KEY
 environment variable (or --api-key, which every local user can read in `ps`)
-makes /v1/*, /admin/* and /metrics require `Authorization: Bearer KEY`. Several
+makes /v1/* and /admin/* require `Authorization: Bearer KEY`; /metrics and
+/health's details need SPECLM_OPERATOR_KEY (--operator-key), or without one come
+from loopback (server/access.py). Several
 keys (comma-separated, or --api-key repeated) are several tenants, each with
 its own suffix cache and prompt KV cache unless --share-suffix-cache. Slow clients are
-bounded: a body must arrive within --body-timeout (408), idle keep-alive
-connections close after --keep-alive-timeout, and beyond --max-connections
-uvicorn answers 503. Ctrl-C / SIGTERM cancels in-flight requests (streams end
+bounded: request headers must arrive within --header-timeout and a body within
+--body-timeout (408), idle keep-alive connections close after --keep-alive-timeout,
+one address opens at most --max-connections-per-client connections (429), and beyond
+--max-connections every route but /health answers 503. Ctrl-C / SIGTERM cancels in-flight requests (streams end
 with an error event and [DONE]), closes the LLM (the SSD speculator and its
 temporary socket directory included) and exits (SIGTERM: status 143).
 """
@@ -30,6 +33,7 @@ from ..errors import InvalidRequestError
 from ..speculative.methods import get_method
 from ..server.app import create_app
 from ..server.config import ListenConfig, ServerConfig
+from ..server.connections import guarded_protocol
 from .options import add_options, add_spec_options, build, open_llm, spec_from_args
 
 
@@ -89,10 +93,12 @@ class Server(uvicorn.Server):
 
 
 def uvicorn_config(app: FastAPI, args: argparse.Namespace) -> uvicorn.Config:
-    """uvicorn's settings from the serve flags (the connection cap and keep-alive timeout)."""
+    """uvicorn's settings from the serve flags: the h11 protocol under the connection
+    bounds (connections.py; not uvicorn's limit_concurrency, which would refuse /health
+    too) and the keep-alive timeout."""
     listen = build(args, ListenConfig)
     return uvicorn.Config(app, host=listen.host, port=listen.port, log_level=listen.log_level,
-                          limit_concurrency=listen.connection_cap(build(args, ServerConfig)),
+                          http=guarded_protocol(listen.connection_limits(build(args, ServerConfig))),
                           timeout_keep_alive=listen.keep_alive_timeout)
 
 
@@ -107,9 +113,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     process would die there, before llm.close(). SystemExit instead lets the
     LLM close: the speculator stops and its temporary directory is removed."""
     build(args, ListenConfig)  # bad flags fail before the models load
-    if args.api_keys:
-        print("speclm: warning: --api-key is visible to every local user (ps, /proc): set SPECLM_API_KEY "
-              "in the environment instead", file=sys.stderr)
+    for flag, given, env in (("--api-key", args.api_keys, "SPECLM_API_KEY"),
+                             ("--operator-key", args.operator_key, "SPECLM_OPERATOR_KEY")):
+        if given:
+            print(f"speclm: warning: {flag} is visible to every local user (ps, /proc): set {env} "
+                  "in the environment instead", file=sys.stderr)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:

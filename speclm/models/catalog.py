@@ -5,11 +5,14 @@ knows all three, so store and variants need not know each other's callers."""
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 from pathlib import Path
 
+from speclm.errors import ModelError
 from speclm.models.registry import REGISTRY
-from speclm.models.store import ModelStatus, local_gguf, model_state, unknown_model, verify_model
-from speclm.models.variants import SEP, list_variants, resolve_variant
+from speclm.models.store import (ModelStatus, cache_dir, local_gguf, model_path, model_state, sha256_file,
+                                 unknown_model, verify_model)
+from speclm.models.variants import SEP, list_variants, read_manifest, resolve_variant
 
 
 def resolve_model(name_or_path: str) -> Path:
@@ -37,3 +40,28 @@ def list_models() -> list[ModelStatus]:
         rows.append(ModelStatus(v.name, f"{REGISTRY[v.source].description} requantised to {v.quant.upper()}",
                                 REGISTRY[v.source].role, v.path, v.state))
     return rows
+
+
+def identify(path: Path) -> tuple[str, str]:
+    """(name, sha256) of the model file at `path`, without reading it where it is known:
+    a registered model's name and registry sha256 when `path` is its file at its size
+    (resolve_model verified it), a prepared variant's as recorded when size and mtime
+    still match; else the file's name and its sha256, hashed once per (path, size, mtime)."""
+    path = Path(path).resolve()
+    st = path.stat()
+    for spec in REGISTRY.values():
+        try:
+            if model_path(spec).resolve() == path and st.st_size == spec.size:
+                return spec.name, spec.sha256
+        except ModelError:  # not installed
+            continue
+    for name, entry in read_manifest().items():
+        if (cache_dir() / str(entry.get("file"))).resolve() == path and \
+                (entry.get("size"), entry.get("mtime_ns")) == (st.st_size, st.st_mtime_ns):
+            return name, str(entry.get("sha256"))
+    return path.name, _hashed(str(path), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _hashed(path: str, size: int, mtime_ns: int) -> str:
+    return sha256_file(Path(path))  # size and mtime_ns key the cache: a rewritten file is hashed again

@@ -6,11 +6,16 @@ Contracts:
 - Every error has OpenAI's body shape; bad input is a 4xx, never a 500.
   Queue full: 429. Past config.request_timeout_s: the request is cancelled
   and answered 504 (streams: an error event, then `data: [DONE]`).
-- With API keys set (config.api_key, config.api_keys), /v1/*, /admin/* and
-  /metrics need `Authorization: Bearer KEY` (401 otherwise); /health stays open.
-  Each key is a tenant with its own suffix cache and adapted heads
-  (tenants.py); config.share_cache shares one. POST /admin/cache/clear forgets
-  the caller's. Bodies over config.max_body_bytes: 413;
+- With API keys set (config.api_key, config.api_keys), /v1/* and /admin/* need
+  `Authorization: Bearer KEY` (401 otherwise). Each key is a tenant with its own
+  suffix cache and adapted heads (tenants.py); config.share_cache shares one.
+  POST /admin/cache/clear forgets the caller's; the operator's
+  (config.operator_key) any tenant's. /metrics and /health's details are the
+  operator's, or without an operator key loopback clients'; anyone gets
+  /health's public view, up and ready (access.py).
+- /v1/models names the model files by name and sha256, never by path
+  (models/catalog.py:identify, looked up or hashed once, at start).
+  Bodies over config.max_body_bytes: 413;
   a body not received within config.body_timeout_s: 408 (and the connection closes).
 - Error messages escape what they echo (a lone surrogate renders as \\ud800).
 - Backends are used under llm.backend_lock only (the engine thread holds it per
@@ -45,12 +50,14 @@ from ..backends.base import Backend
 from ..engine import Engine, RequestHandle
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult
+from ..models.catalog import identify
 from ..speculative.loop import context_problem
 from ..speculative.methods import get_method, priced_proposals
 from .config import ServerConfig
-from .gate import Gate, tenant_of
+from .access import Access
+from .gate import Gate, caller_of, tenant_of
 from .prom import RequestMetrics, ServerMetrics
-from .tenants import Tenants
+from .tenants import SHARED, Tenants
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamError, Usage, _GenerationRequest,
                       api_error, chunk_body, printable, quoted, response_body, validation_error)
 
@@ -101,6 +108,9 @@ class ServerState:
         self.model_id = config.model_id or Path(llm.target.name).stem
         self.engine = Engine(llm, config.max_concurrency, config.max_queue)
         self.tenants = Tenants(config.keys, config.share_cache)
+        self.access = Access(self.tenants, config.operator_key)
+        self.target_id = _identity(llm.target)
+        self.draft_id = _identity(self.draft) if self.draft is not None else None
         self.metrics = ServerMetrics(lambda: self.engine.load, llm.speculator_state, llm.suffix_cache_stats,
                                      llm.prefix_cache_stats)
         self.created = int(time.time())
@@ -109,8 +119,7 @@ class ServerState:
 
     def model_card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "speclm",
-                "speclm": {"target": self.llm.target.name, "lossless_against": self.llm.target.name,
-                           "draft": self.draft.name if self.draft else None,
+                "speclm": {"target": self.target_id, "lossless_against": self.target_id, "draft": self.draft_id,
                            "default_speculative": {"method": self.spec.method, "k": self.spec.effective_k},
                            "n_ctx": self.llm.target.n_ctx, "max_tokens_limit": self.config.max_tokens_limit}}
 
@@ -126,18 +135,18 @@ class ServerState:
         """Validate, tokenize and enqueue (blocking: run it in a worker thread);
         the request drafts from `tenant`'s cache scope."""
         req.unsupported()
-        limit, asked = self.config.max_tokens_limit, req.requested_max_tokens()
+        limit, asked, name = self.config.max_tokens_limit, req.requested_max_tokens(), req.max_tokens_param
         if asked is not None and not 1 <= asked <= limit:
-            raise ParamError(f"max_tokens must be in [1, {limit}], got {asked}", "max_tokens")
+            raise ParamError(f"{name} must be in [1, {limit}], got {asked}", name)
         spec = replace(req.spec(self.spec, has_draft=self.draft is not None),
                        cache_scope=self.tenants.scope_of(tenant))
         req.sampling(1)  # validate the sampling fields before paying for tokenization
         ids, n_ctx = req.prompt_ids(self.llm), self.llm.target.n_ctx
-        if problem := context_problem(n_ctx, len(ids), asked, "max_tokens"):
+        if problem := context_problem(n_ctx, len(ids), asked, name):
             message, culprit = problem
             if culprit == "prompt":
                 raise ParamError(f"{message}: shorten the prompt", req.prompt_param)
-            raise ParamError(f"{message}: lower max_tokens or shorten the prompt", "max_tokens")
+            raise ParamError(f"{message}: lower {name} or shorten the prompt", name)
         if asked is None:
             asked = min(req.default_max_tokens or limit, limit, n_ctx - len(ids))
         return self.engine.submit(ids, req.sampling(asked), spec)
@@ -200,16 +209,35 @@ class ServerState:
             yield _sse((self._timeout() if isinstance(exc, TimeoutError) else api_error(exc)).body)
         yield _sse("[DONE]")
 
-    def clear_cache(self, tenant: str | None) -> dict:
-        """Forget what was kept for `tenant` (its suffix cache, adapted heads and
-        prompt KV copies; with share_cache, everyone's); returns what the caches held."""
-        scope = self.tenants.scope_of(tenant)
+    def health(self, detailed: bool) -> dict:
+        """/health's body: up (ok, or shutting_down) and ready (a request would be taken now),
+        for anyone; `detailed` (for the operator): also the model, the load, the kernels
+        and, once an ssd request has started it, the SSD speculator."""
+        running, queued = self.engine.load
+        room = running < self.config.max_concurrency or queued < self.config.max_queue
+        body: dict = {"status": "shutting_down" if self.closing else "ok", "ready": room and not self.closing}
+        if not detailed:
+            return body
+        body.update(model=self.model_id, running=running, queued=queued)
+        kernels = self.llm.target.kernel_choice
+        if kernels is not None:
+            body["kernels"] = {"name": kernels.name, "reason": kernels.reason}
+        speculator = self.llm.speculator_state()
+        if speculator is not None:  # {"state": "alive" | "lost", "restarts", "pid", "reason"}
+            body["speculator"] = speculator
+        return body
+
+    def clear_cache(self, scope: str | None) -> dict:
+        """Forget what was kept for cache `scope` (a tenant's suffix cache, adapted heads,
+        prompt KV copies, and the acceptance calibration and cost curves its requests
+        learnt; None: the shared scope); returns what the caches held."""
         held = self.llm.suffix_cache_stats().get(scope, {})
         kv = self.llm.prefix_cache_stats().get(scope, {})
         self.llm.clear_suffix_cache(scope)
         self.llm.clear_heads(scope)
         self.llm.clear_prefix_cache(scope)
-        return {"object": "cache.cleared", "scope": "shared" if scope is None else scope,
+        self.llm.forget_learnt(scope)
+        return {"object": "cache.cleared", "scope": SHARED if scope is None else scope,
                 "suffix_cache": {"requests": held.get("cached_requests", 0),
                                  "tokens": held.get("cached_tokens", 0)},
                 "prefix_cache": {"entries": kv.get("entries", 0), "tokens": kv.get("tokens", 0)}}
@@ -242,6 +270,15 @@ class ServerState:
         await asyncio.to_thread(self.engine.shutdown, True)
 
 
+def _identity(backend: Backend) -> dict:
+    """{"name", "sha256"} of a backend's model file (in-memory backends: their name, no sha256)."""
+    path = getattr(backend, "path", None)  # llama.cpp backends load a file
+    if path is None:
+        return {"name": backend.name, "sha256": None}
+    name, sha = identify(path)
+    return {"name": name, "sha256": sha}
+
+
 def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving `llm`; its state is `app.state.speclm` (ServerState)."""
     config = config or ServerConfig()
@@ -258,7 +295,7 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
 
     app = FastAPI(title="speclm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.speclm = state
-    app.add_middleware(Gate, tenants=state.tenants, max_body_bytes=config.max_body_bytes,
+    app.add_middleware(Gate, access=state.access, max_body_bytes=config.max_body_bytes,
                        body_timeout_s=config.body_timeout_s)
     app.add_middleware(RequestMetrics, metrics=state.metrics)  # outermost: sees 401 and 413 too
 
@@ -291,21 +328,13 @@ def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
         return state.model_card()
 
     @app.post("/admin/cache/clear")
-    async def clear_cache(request: Request) -> dict:
-        return await asyncio.to_thread(state.clear_cache, tenant_of(request))
+    async def clear_cache(request: Request, tenant: str | None = None) -> dict:
+        scope = state.access.cache_scope(caller_of(request), tenant)
+        return await asyncio.to_thread(state.clear_cache, scope)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
-        running, queued = state.engine.load
-        body = {"status": "shutting_down" if state.closing else "ok", "model": state.model_id,
-                "running": running, "queued": queued}
-        kernels = state.llm.target.kernel_choice
-        if kernels is not None:
-            body["kernels"] = {"name": kernels.name, "reason": kernels.reason}
-        speculator = state.llm.speculator_state()
-        if speculator is not None:  # SSD in use: {"state": "alive" | "lost", "restarts", "pid", "reason"}
-            body["speculator"] = speculator
-        return JSONResponse(body, 503 if state.closing else 200)
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse(state.health(caller_of(request).observer), 503 if state.closing else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:

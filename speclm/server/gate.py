@@ -1,5 +1,6 @@
-"""The HTTP gate in front of every route: the API key (each key is a tenant, which
-handlers read with `tenant_of`), then the body-size and body-time limits."""
+"""The HTTP gate in front of every route: who the caller is and whether it may
+call the route (access.py; handlers read it with `caller_of` and `tenant_of`),
+then the body-size and body-time limits."""
 
 from __future__ import annotations
 
@@ -9,36 +10,28 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .access import Access, Caller
 from .schemas import APIError
-from .tenants import Tenants
 
 
 class Gate:
-    """Middleware: the API key, then the body-size limit (the body is buffered, up to
+    """Middleware: the keys' rights, then the body-size limit (the body is buffered, up to
     max_body_bytes, arriving within body_timeout_s)."""
 
-    def __init__(self, app: ASGIApp, tenants: Tenants, max_body_bytes: int, body_timeout_s: float):
-        self.app, self.tenants = app, tenants
+    def __init__(self, app: ASGIApp, access: Access, max_body_bytes: int, body_timeout_s: float):
+        self.app, self.access = app, access
         self.max_body_bytes, self.body_timeout_s = max_body_bytes, body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = self._refuse_auth(scope) if scope["type"] == "http" else None
-        if refusal is None and scope["type"] == "http":
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        caller = self.access.caller(scope)
+        scope.setdefault("state", {})[_CALLER] = caller
+        error = self.access.refusal(scope["path"], caller)
+        refusal = error.response() if error is not None else None
+        if refusal is None:
             receive, refusal = await self._read_body(receive)
         await (refusal or self.app)(scope, receive, send)
-
-    def _refuse_auth(self, scope: Scope) -> Response | None:
-        tenants, path = self.tenants, scope["path"]
-        if not tenants.guarded or not (path.startswith(("/v1/", "/admin/")) or path == "/metrics"):
-            return None
-        auth = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = auth.partition(b" ")
-        tenant = tenants.tenant_of(token.strip()) if scheme.lower() == b"bearer" else None
-        if tenant is not None:
-            scope.setdefault("state", {})[_TENANT] = tenant
-            return None
-        message = "incorrect API key provided" if auth else "missing API key: send `Authorization: Bearer KEY`"
-        return APIError(401, message, code="invalid_api_key").response({"WWW-Authenticate": "Bearer"})
 
     async def _read_body(self, receive: Receive) -> tuple[Receive, Response | None]:
         """Buffer the body (<= the limit) and replay it; over the limit: drain, then 413;
@@ -71,12 +64,17 @@ class Gate:
         return replay, None
 
 
-_TENANT = "speclm_tenant"
+_CALLER = "speclm_caller"
+
+
+def caller_of(request: Request) -> Caller:
+    """Who the gate found sent this request."""
+    return request.scope["state"][_CALLER]
 
 
 def tenant_of(request: Request) -> str | None:
     """The tenant the gate admitted this request as (None: the server has no keys)."""
-    return request.scope.get("state", {}).get(_TENANT)
+    return caller_of(request).tenant
 
 
 async def _drain(receive: Receive, cap: int = 64 << 20) -> None:

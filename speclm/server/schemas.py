@@ -1,9 +1,12 @@
 """Request and response models of the OpenAI-compatible API.
 
 Requests are validated strictly (no "5" for 5, no true for 1); unknown fields
-are accepted and ignored, except the OpenAI features speclm cannot honour,
-which are rejected (`unsupported()`) rather than silently dropped. Every
-error body has OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+are accepted and ignored, except the OpenAI features speclm cannot honour
+(tools and tool calls in messages among them), which are rejected
+(`unsupported()`) rather than silently dropped. Every error body has OpenAI's
+shape: {"error": {"message", "type", "param", "code"}}, and an error about a
+field names it as the client sent it (max_completion_tokens, not max_tokens).
+Every 429 carries Retry-After (RETRY_AFTER_S).
 """
 
 from __future__ import annotations
@@ -29,13 +32,21 @@ if TYPE_CHECKING:
 
 _REQUEST = ConfigDict(strict=True, extra="allow")
 
-# field -> the value(s) speclm can serve; anything else is a 400.
+# field -> the value(s) speclm can serve (absent, or asking for nothing); anything else is a 400.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
     "best_of": (None, 1), "suffix": (None, ""), "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "tools": (None, []),
-    "functions": (None, []), "response_format": (None, {"type": "text"}),
+    "tool_choice": (None, "none"), "parallel_tool_calls": (None,), "functions": (None, []),
+    "function_call": (None, "none"), "prediction": (None,), "response_format": (None, {"type": "text"}),
 }
+_UNSUPPORTED_IN_MESSAGES: dict[str, tuple[Any, ...]] = {"tool_calls": (None, []), "function_call": (None,)}
+
+# Retry-After of every 429 (and of the connection budget's 503), in seconds: the
+# engine frees a queue slot whenever any running request finishes, so the wait is
+# short; a longer value would leave the server idle while clients sleep, and
+# clients that retry (openai's) back off further on their own.
+RETRY_AFTER_S = 1
 
 
 class ParamError(InvalidRequestError):
@@ -44,6 +55,16 @@ class ParamError(InvalidRequestError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+
+def _refuse_unsupported(extra: dict[str, Any] | None, table: dict[str, tuple[Any, ...]], where: str = "") -> None:
+    """ParamError naming the first field of `extra` (the fields the model does not
+    declare) whose value is not one `table` allows; `where` prefixes its name."""
+    for name, ok in table.items():
+        value = (extra or {}).get(name)
+        if not any(value is v or (type(value) is type(v) and value == v) for v in ok):
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "..."
+            raise ParamError(f"{where}{name} is not supported by speclm (got {shown}): drop it", where + name)
 
 
 def printable(text: str) -> str:
@@ -69,12 +90,13 @@ class APIError(Exception):
     """An error answered with `status` and OpenAI's error body."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.body = status, error_body(message, type_, param, code)
+        self.headers = headers or {}  # the answer's own (429: Retry-After)
 
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body, self.status, headers=headers)
+        return JSONResponse(self.body, self.status, headers={**self.headers, **(headers or {})})
 
 
 def api_error(exc: BaseException) -> APIError:
@@ -84,7 +106,8 @@ def api_error(exc: BaseException) -> APIError:
     if isinstance(exc, ClientDisconnect):
         return APIError(499, "the client closed the connection", code="client_closed_request")
     if isinstance(exc, BusyError):  # the queue is full, or what the request needs now is all taken
-        return APIError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded")
+        return APIError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, (InvalidRequestError, ValueError)):  # ValueError: a tokenizer refusing the text
         return APIError(400, str(exc), param=getattr(exc, "param", None))
     if isinstance(exc, TimeoutError):
@@ -161,15 +184,17 @@ class _RequestBase(BaseModel):
             raise ParamError(f"n > 1 is not supported (got n={self.n}): send one request per completion", "n")
         if self.n is not None and self.n < 1:
             raise ParamError(f"n must be 1, got {self.n}", "n")
-        for name, ok in _UNSUPPORTED.items():
-            value = (self.model_extra or {}).get(name)
-            if not any(value is v or (type(value) is type(v) and value == v) for v in ok):
-                raise ParamError(f"{name}={value!r} is not supported by speclm", name)
+        _refuse_unsupported(self.model_extra, _UNSUPPORTED)
         if isinstance(self.stop, list) and len(self.stop) > 16:
             raise ParamError(f"at most 16 stop strings, got {len(self.stop)}", "stop")
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        """The field the client set its token limit with (what errors about it name)."""
+        return "max_tokens"
 
     def spec(self, default: SpecConfig, has_draft: bool) -> SpecConfig:
         """`default` with the request's `speculative` overrides (SpecConfig validates)."""
@@ -255,6 +280,16 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def unsupported(self) -> None:
+        """Also refuse what messages carry that speclm cannot honour (tool calls)."""
+        super().unsupported()
+        for i, message in enumerate(self.messages):
+            _refuse_unsupported(message.model_extra, _UNSUPPORTED_IN_MESSAGES, f"messages[{i}].")
 
 
 # ---- responses ---------------------------------------------------------------

@@ -18,6 +18,9 @@ import hmac
 from collections.abc import Iterable
 
 
+SHARED = "shared"  # the name of scope None (no keys, or share_cache) in metrics and answers
+
+
 def tenant_id(key: str) -> str:
     """The public name of the tenant holding `key`."""
     return "t-" + hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -29,6 +32,11 @@ class Tenants:
     def __init__(self, keys: Iterable[str], share_cache: bool = False):
         self._keys = [(k.encode(), tenant_id(k)) for k in keys]
         self.share_cache = share_cache
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Every tenant's id."""
+        return tuple(tid for _, tid in self._keys)
 
     @property
     def guarded(self) -> bool:
