@@ -472,3 +472,13 @@ def test_speculation_counters_by_speclm_and_vllm_names():
         "source": None, "why": "GET /metrics answered HTTP 404"}
     with pytest.raises(ValueError):
         endpoint_metrics.parse("<html>not metrics</html>")
+
+
+def test_metrics_are_read_with_the_operator_key_and_a_tenant_key_is_told_what_to_pass():
+    llm = LLM(target=ToyBackend(26, seed=4, n_ctx=256))
+    app = create_app(llm, ServerConfig(model_id="toy", api_keys=("tenant",), operator_key="operator"))
+    with live_server(app) as (url, _):
+        refused = endpoint_metrics.scrape(url, "tenant", timeout=10)
+        assert not refused["ok"] and "403" in refused["why"] and "--endpoint-operator-key" in refused["why"]
+        assert endpoint_metrics.scrape(url, "operator", timeout=10)["ok"]
+    llm.close()

@@ -33,6 +33,10 @@ def add_endpoint_options(b: argparse.ArgumentParser) -> None:
                    help="bearer key for the servers (default $SPECLM_API_KEY; a flag is visible in `ps`)")
     e.add_argument("--endpoint-api-key-b", default=None, metavar="KEY",
                    help="key for --endpoint-b (default: --endpoint-api-key)")
+    e.add_argument("--endpoint-operator-key", default=None, metavar="KEY",
+                   help="key /metrics is read with (a speclm server's operator key; default "
+                        "$SPECLM_OPERATOR_KEY, else the API key): without it a remote speclm server's "
+                        "speculation figures are missing")
     e.add_argument("--endpoint-model", default=None, metavar="ID",
                    help="model id to request from A (default: the first one its /v1/models lists)")
     e.add_argument("--endpoint-model-b", default=None, metavar="ID", help="model id for B (default: its first)")
@@ -58,9 +62,10 @@ def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
     """`speclm bench --endpoint URL [--endpoint-b URL]`: `v` the resolved flags
     (commands/bench.resolve_args), `prompts` the prompt set they select."""
     key_a = args.endpoint_api_key or os.environ.get("SPECLM_API_KEY") or None
-    servers = [Server("A", args.endpoint, key_a, args.endpoint_model)]
+    operator = args.endpoint_operator_key or os.environ.get("SPECLM_OPERATOR_KEY") or None
+    servers = [Server("A", args.endpoint, key_a, args.endpoint_model, operator)]
     if args.endpoint_b:
-        servers.append(Server("B", args.endpoint_b, args.endpoint_api_key_b or key_a, args.endpoint_model_b))
+        servers.append(Server("B", args.endpoint_b, args.endpoint_api_key_b or key_a, args.endpoint_model_b, operator))
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     out = bench_endpoints(servers, prompts, v["config"], out_dir, timeout=args.endpoint_timeout, dataset=args.dataset)
     print_sections(out["sections"])

@@ -36,12 +36,14 @@ from .run import EndpointRun, run_concurrency, run_sequential
 
 @dataclass(frozen=True)
 class Server:
-    """A server as the command names it: label ('A' or 'B'), URL, key, model id (None: its first)."""
+    """A server as the command names it: label ('A' or 'B'), URL, key, model id (None: its
+    first), and the key /metrics is read with (a speclm server's operator key; None: api_key)."""
 
     label: str
     url: str
     api_key: str | None
     model: str | None
+    metrics_key: str | None = None
 
 
 def bench_endpoints(servers: Sequence[Server], prompts: Sequence[Prompt], cfg: BenchConfig, out_dir: Path, *,
@@ -63,12 +65,13 @@ def bench_endpoints(servers: Sequence[Server], prompts: Sequence[Prompt], cfg: B
         try:
             for s in servers:
                 run.endpoints.append(connect(s.label, s.url, s.api_key, s.model, timeout))
+            metrics_keys = {s.label: s.metrics_key or s.api_key for s in servers}
             for ep in run.endpoints:
-                run.metrics_before[ep.label] = scrape(ep.url, ep.api_key, timeout)
+                run.metrics_before[ep.label] = scrape(ep.url, metrics_keys[ep.label], timeout)
             run_sequential(run, passes, cfg, write)
             run_concurrency(run, rows, cfg, lambda row: None)
             for ep in run.endpoints:
-                run.metrics_after[ep.label] = scrape(ep.url, ep.api_key, timeout)
+                run.metrics_after[ep.label] = scrape(ep.url, metrics_keys[ep.label], timeout)
         except BaseException as exc:  # keep what was measured, then report the failure
             failure = exc
             run.error = str(exc) if isinstance(exc, SpeclmError) else f"{type(exc).__name__}: {exc}"

@@ -53,6 +53,9 @@ def scrape(url: str, api_key: str | None, timeout: float) -> dict:
         resp = httpx.get(url + "/metrics", headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         return {"ok": False, "why": f"GET /metrics failed: {type(exc).__name__}"}
+    if resp.status_code in (401, 403):
+        return {"ok": False, "why": f"GET /metrics answered HTTP {resp.status_code}: pass the server's operator key "
+                                    "(--endpoint-operator-key or $SPECLM_OPERATOR_KEY)"}
     if resp.status_code != 200:
         return {"ok": False, "why": f"GET /metrics answered HTTP {resp.status_code}"}
     try:
