@@ -33,7 +33,7 @@ from .speculative.controller import Calibration
 from .speculative.loop import Generation
 from .speculative.steps import run_alone
 from .speculative.methods import METHODS, PROPOSALS, get_method  # noqa: F401  (METHODS: the table)
-from .speculative.proposers.suffix_index import SuffixCache
+from .speculative.proposers.suffix_index import SUFFIX_CACHE_TOKENS, SuffixCache
 
 
 class LLM:
@@ -41,7 +41,7 @@ class LLM:
 
     def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
                  n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2,
-                 speculator=None, suffix_cache_tokens: int = 100_000, heads=None,
+                 speculator=None, suffix_cache_tokens: int = SUFFIX_CACHE_TOKENS, heads=None,
                  prefix_cache_tokens: int = 0, kernels: str | None = None,
                  kernels_for: str = "speculation"):
         """n_ctx: tokens per sequence; max_sequences: requests in flight at once;

@@ -71,7 +71,8 @@ def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
                                   "that reads them")
     config = build(args, ServerConfig, default_spec=spec).with_env_keys()
     config = dataclasses.replace(config, model_id=_model_id(build(args, LoadConfig), config))
-    llm = open_llm(args, spec, max_sequences=config.max_concurrency, prefix_cache_tokens=config.prefix_cache_tokens)
+    llm = open_llm(args, spec, max_sequences=config.max_concurrency, prefix_cache_tokens=config.prefix_cache_tokens,
+                   suffix_cache_tokens=config.suffix_cache_tokens)
     try:
         app = create_app(llm, config)
         llm.warmup(spec)

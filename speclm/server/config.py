@@ -12,6 +12,7 @@ from ..errors import InvalidRequestError
 from ..options import option
 from ..prefix_cache import PREFIX_CACHE_HELP, PREFIX_CACHE_TOKENS
 from ..speculative.config import SpecConfig
+from ..speculative.proposers.suffix_index import SUFFIX_CACHE_TOKENS
 from .connections import ConnectionLimits
 from .tenants import split_keys
 
@@ -45,6 +46,9 @@ class ServerConfig:
                                "token then leak one tenant's outputs and prompts to another)",
                                flag="--share-suffix-cache")
     prefix_cache_tokens: int = option(PREFIX_CACHE_TOKENS, PREFIX_CACHE_HELP, metavar="N")
+    suffix_cache_tokens: int = option(SUFFIX_CACHE_TOKENS, "keep up to N tokens of earlier requests' prompts and "
+                                      "outputs per scope (an API key, or all with --share-suffix-cache) for suffix "
+                                      "drafting; the oldest requests go first (0: none)", metavar="N")
 
     @property
     def spec(self) -> SpecConfig:

@@ -31,6 +31,8 @@ def _bad(setting: str, rule: str, value: object) -> InvalidRequestError:
     return InvalidRequestError(f"suffix decoding: {setting} must be {rule}, got {value!r}")
 
 
+SUFFIX_CACHE_TOKENS = 100_000  # each scope's bound on earlier outputs kept for drafting (LLM, server)
+
 @dataclass(frozen=True)
 class SuffixConfig:
     """How a SuffixProposer matches and drafts.
@@ -243,7 +245,7 @@ class SuffixCache:
     timing side channel). At most `max_tokens` tokens; the oldest requests
     are evicted first. max_tokens = 0 disables it. Thread-safe."""
 
-    def __init__(self, max_tokens: int = 100_000):
+    def __init__(self, max_tokens: int = SUFFIX_CACHE_TOKENS):
         if not (is_int(max_tokens) and 0 <= max_tokens <= MAX_CACHE_TOKENS):
             raise _bad("cache size max_tokens (shared suffix cache, in tokens; 0 disables it)",
                        f"an integer in [0, {MAX_CACHE_TOKENS}]", max_tokens)
