@@ -32,8 +32,8 @@ COMMAND_ARGS = {  # arguments of one command alone: what it does, not a setting
     "generate": {"--chat", "--compare-ar", "--json"},
     "serve": set(),
     "bench": {"--targets", "--drafts", "--variant-quality", "--out", "--quick", "--no-wait-quiet", "--endpoint",
-              "--endpoint-b", "--endpoint-api-key", "--endpoint-api-key-b", "--endpoint-model",
-              "--endpoint-model-b", "--endpoint-timeout"},
+              "--endpoint-b", "--endpoint-api-key", "--endpoint-api-key-b", "--endpoint-operator-key",
+              "--endpoint-model", "--endpoint-model-b", "--endpoint-timeout"},
 }
 OUTPUT_ARGS = {"--json"}  # how a command prints, the same switch wherever it is
 

@@ -38,16 +38,6 @@ class SlowToy(ToyBackend):
         return super().score(seq, tokens)
 
 
-class LimitedToy(ToyBackend):
-    """A toy draft with a fixed number of KV sequences, refused beyond it (as llama.cpp does)."""
-
-    max_sequences = 8
-
-    def new_sequence(self) -> int:
-        if self.live_sequences >= self.max_sequences:
-            raise BackendError(f"all {self.max_sequences} KV sequences are in use")
-        return super().new_sequence()
-
 
 def toy_llm(max_sequences: int = 2, **cfg) -> LLM:
     return LLM(target=SlowToy(VOCAB, seed=11, n_ctx=256), draft=ToyBackend(VOCAB, seed=11, n_ctx=256),
@@ -254,7 +244,7 @@ def test_a_failed_restart_is_counted_and_retried_later():
 
 # ---- sessions share the speculator -------------------------------------------------
 def test_one_session_never_takes_every_free_sequence():
-    draft = LimitedToy(VOCAB, seed=3)  # 8 sequences for 2 sessions: 3 branches each
+    draft = ToyBackend(VOCAB, seed=3, max_sequences=8)  # 8 sequences for 2 sessions: 3 branches each
     sessions = [SpeculatorSession(draft, PROMPT, SamplingParams(), SSDOptions(fanout=8), k=3,
                                   live_sessions=lambda: 1, sessions=2)]
     sessions[0].start()
