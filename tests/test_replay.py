@@ -44,7 +44,8 @@ def test_the_replay_makes_the_live_controllers_decisions_exactly():
 
 def test_a_controller_that_never_drafts_replays_at_exactly_plain_decodings_cost():
     streams, _ = live_run()
-    never = lambda cost, calibration, k_max: type("Never", (Controller,), {"choose": lambda self, cap: (0, None)})()
+    never_drafts = type("Never", (Controller,), {"choose": lambda self, cap: (0, None)})
+    never = lambda cost, calibration, k_max, shared: never_drafts()
     (row,) = replay(streams, {"toy": CURVE}, policy=never)
     assert row.cost == row.tokens == row.rounds and row.speedup == 1.0 and row.verified == 0
     assert row.kept_share(ceiling=1.5) == 0.0 and row.kept_share(ceiling=1.0) is None
@@ -67,3 +68,26 @@ def test_the_recorded_backend_emits_its_recording_and_accepts_only_what_it_holds
     assert backend.score(seq, [4, 5]).argmax(axis=1).tolist() == [5, 9]  # after the recording: end of text
     with pytest.raises(KeyError, match="no recording"):
         RecordedBackend(vocab_size=10, eos_id=9).new_sequence()
+
+
+# ---- the offline policies (speculative/policies.py) --------------------------------
+def test_run_lengths_trust_a_cell_only_with_evidence_and_never_rise_with_the_position():
+    from speclm.speculative.policies import RunLengths
+    runs = RunLengths(k_max=4, decay=1.0, min_evidence=3.0)
+    cell = ("own", 3, 2)
+    assert runs.survival(cell, [0.9, 0.5, 0.2]) == [0.9, 0.5, 0.2]  # no evidence: the fallback
+    for matched in (4, 4, 1):  # two drafts matched all 4 tokens, one only its first
+        runs.update(cell, matched, min(matched + 1, 4))
+    s = runs.survival(cell, [0.9, 0.5, 0.2, 0.1])  # positions 3 and 4: 2 drafts known < 3
+    assert s[:2] == [1.0, 2 / 3] and s[2:] == pytest.approx([2 / 3 * 0.2 / 0.5, 2 / 3 * 0.1 / 0.5])
+    runs.update(cell, 0, 1)
+    assert runs.survival(cell, [0.95, 0.9, 0.9, 0.9])[0] == 0.75  # 3 of 4 first tokens matched
+    assert runs.survival(("cache", 3, 2), [0.4]) == [0.4]  # cells are apart
+
+
+def test_the_run_length_policy_replays_every_request_to_its_recorded_output():
+    from speclm.speculative.replay import POLICIES
+    streams, _ = live_run(96)
+    (auto,) = replay(streams, {"toy": CURVE})
+    (runs,) = replay(streams, {"toy": CURVE}, policy=POLICIES["runlength"])
+    assert runs.tokens == auto.tokens and runs.accepted > 0 and runs.speedup > 1.0

@@ -140,6 +140,14 @@ def smoothed_estimate(c: float, support: int) -> float:
     return c * support / (support + 1) if support > 0 else c
 
 
+def matched_run(context: list[int], at: int, tokens: list[int]) -> int:
+    """How many of a draft's tokens, continuing context[:at], the context went on to hold."""
+    j, n = 0, len(context)
+    while j < len(tokens) and at + j < n and context[at + j] == tokens[j]:
+        j += 1
+    return j
+
+
 class GoodputController(Controller):
     """Per-request K choice; acceptance is per sequence, costs are shared."""
 
@@ -289,9 +297,7 @@ class GoodputController(Controller):
         for at, tokens, predicted in self._shadow:
             if at > n:
                 continue
-            j = 0
-            while j < len(tokens) and at + j < n and context[at + j] == tokens[j]:
-                j += 1
+            j = matched_run(context, at, tokens)
             known = j if at + j >= n else min(j + 1, len(tokens))  # positions whose outcome is known
             for i, (c, group) in enumerate(predicted[:known]):
                 self.calibration.update(c, i < j, group)

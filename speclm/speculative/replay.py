@@ -23,6 +23,7 @@ from ..costs import CostModel, cost_ratios
 from ..sampling import SamplingParams
 from .controller import Calibration, Controller, GoodputController
 from .proposers.suffix import SuffixProposer
+from .policies import RecentBias, RunLengths, RunLengthController
 from .proposers.suffix_index import SuffixCache, SuffixConfig
 from .steps import generate
 
@@ -60,16 +61,31 @@ class Replayed:
 
 
 # A policy builds one request's controller from the run's costs, the calibration every
-# request shares, and K_max.
-Policy = Callable[[CostModel, Calibration, int], Controller]
+# request shares, K_max, and a dict every request of the replay shares (what else the
+# policy learns across requests, as an LLM keeps it per scope).
+Policy = Callable[[CostModel, Calibration, int, dict], Controller]
 
 
-def goodput(cost: CostModel, calibration: Calibration, k_max: int) -> Controller:
+def goodput(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
     """Method auto's controller, as the LLM builds it for suffix drafting."""
     return GoodputController(cost, k_max=k_max, calibration=calibration, per_position=True)
 
 
-POLICIES: dict[str, Policy] = {"auto": goodput}  # what `speclm bench replay --policy` can name
+def runlength(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
+    """The goodput controller keeping the prefix that learnt run lengths favour (policies.py)."""
+    return RunLengthController(cost, k_max=k_max, calibration=calibration,
+                               runs=shared.setdefault("runs", RunLengths(k_max)))
+
+
+def recent(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
+    """The goodput controller with a per-request bias on the shared calibration, each
+    request starting from the last one's (policies.py)."""
+    last = shared.get("recent")
+    shared["recent"] = bias = RecentBias(calibration, last.delta if last is not None else 0.0)
+    return GoodputController(cost, k_max=k_max, calibration=bias, per_position=True)
+
+
+POLICIES: dict[str, Policy] = {"auto": goodput, "runlength": runlength, "recent": recent}  # for --policy
 
 
 def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], policy: Policy = goodput,
@@ -81,7 +97,7 @@ def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], polic
     compact = {t: i for i, t in enumerate(ids)}  # equal ids stay equal: drafts and estimates are unchanged
     backend = RecordedBackend(len(ids) + 1, eos_id=len(ids))
     cache = SuffixCache(cache_tokens) if cache_tokens else None
-    calibration = Calibration()
+    calibration, shared = Calibration(), {}
     out: dict[str, Replayed] = {}
     for s in streams:
         row = out.setdefault(s.category, Replayed(s.category, ks=[] if keep_ks else None))
@@ -91,7 +107,7 @@ def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], polic
         backend.expect(prompt, output)
         result = generate(backend, SuffixProposer(cache, suffix), prompt,
                           SamplingParams(temperature=0.0, max_new_tokens=s.max_new_tokens), k_max,
-                          controller=policy(cost, calibration, k_max))
+                          controller=policy(cost, calibration, k_max, shared))
         if result.token_ids != output:
             at = next((i for i, (a, b) in enumerate(zip(result.token_ids, output)) if a != b),
                       min(len(result.token_ids), len(output)))
