@@ -167,7 +167,7 @@ class LLM:
         from pathlib import Path
 
         from .heads.file import find_heads, load_heads, target_sha256
-        gguf = getattr(self.target, "path", None)
+        gguf = self.target.path
         if gguf is None:
             raise InvalidRequestError(f"no medusa heads for {self.target.name}: pass LLM(heads=MedusaHeads(...))")
         sha = target_sha256(gguf)

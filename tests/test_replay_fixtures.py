@@ -20,6 +20,8 @@ from pathlib import Path
 from speclm.backends.toy import ToyBackend
 from speclm.bench.analysis.ceiling import copy_ceiling, streams
 from speclm.bench.analysis.replays import replay_run
+from speclm.sampling import SamplingParams
+from speclm.speculative import steps
 
 FIXTURES = Path(__file__).parent / "fixtures" / "replay"
 BASELINE = FIXTURES / "baseline.json"
@@ -36,15 +38,7 @@ def toy_run(out: Path) -> Path:
     for cat, prompts in (("copy", [[0, 1, 2, 3] * 4, [1, 2, 3, 0] * 4, [2, 3, 0, 1] * 4]),
                          ("fresh", [[5, 9, 4], [7, 11, 6], [10, 8, 5]])):
         for i, prompt in enumerate(prompts):
-            seq = target.new_sequence()
-            out_ids, context = [], list(prompt)
-            target.prefill(seq, context[:-1])
-            logits = target.score(seq, [context[-1]])[-1]
-            for _ in range(96):
-                tok = int(logits.argmax())
-                out_ids.append(tok)
-                logits = target.score(seq, [tok])[-1]
-            target.free(seq)
+            out_ids = steps.generate(target, None, prompt, SamplingParams(max_new_tokens=96), 0).token_ids
             ids[(cat, i)] = prompt
             records.append({"category": cat, "prompt_index": i, "token_ids": out_ids, "max_new_tokens": 96,
                             "target_name": "toy", "method": "ar", "temperature": 0.0})

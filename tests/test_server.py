@@ -60,10 +60,14 @@ def toy_llm() -> LLM:
 
 
 class SlowToy(ToyBackend):
-    """A toy target whose forwards take 3 ms: requests last long enough to race."""
+    """A toy target whose forwards take `delay_s` (3 ms): requests last long enough to race."""
+
+    def __init__(self, *args, delay_s: float = 0.003, **kw):
+        super().__init__(*args, **kw)
+        self.delay_s = delay_s
 
     def score(self, seq, tokens):
-        time.sleep(0.003)
+        time.sleep(self.delay_s)
         return super().score(seq, tokens)
 
 

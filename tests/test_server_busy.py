@@ -6,7 +6,6 @@ decodes, waits for a slot like any other request."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -16,23 +15,14 @@ from speclm.errors import BusyError
 from speclm.server import ServerConfig, create_app
 from speclm.server.schemas import api_error
 
-from speclm.backends.toy import ToyBackend
-
-from .test_server import C, live, sse_events
-
-
-class SlowerToy(ToyBackend):
-    """A toy whose forwards take 20 ms: two 60-token streams outlast the start of the test.s request."""
-
-    def score(self, seq, tokens):
-        time.sleep(0.02)
-        return super().score(seq, tokens)
+from .test_server import C, SlowToy, live, sse_events
 
 
 def slow_pair() -> LLM:
-    """Toys that hold two KV sequences each, like `LLM(max_sequences=2)` on llama.cpp."""
-    return LLM(target=SlowerToy(26, seed=4, n_ctx=512, max_sequences=2),
-               draft=SlowerToy(26, seed=8, order=1, n_ctx=512, max_sequences=2))
+    """Toys that hold two KV sequences each, like `LLM(max_sequences=2)` on llama.cpp, and whose
+    forwards take 20 ms: two 60-token streams outlast the start of the test's request."""
+    return LLM(target=SlowToy(26, seed=4, n_ctx=512, max_sequences=2, delay_s=0.02),
+               draft=SlowToy(26, seed=8, order=1, n_ctx=512, max_sequences=2, delay_s=0.02))
 
 
 def test_the_first_auto_request_while_every_sequence_decodes_is_served():

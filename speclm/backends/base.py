@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +36,7 @@ class Backend(ABC):
     """One model + its tokenizer + a multi-sequence KV memory."""
 
     name: str  # a human-readable model identity (file path or toy name)
+    path: Path | None = None  # the model file it loaded (None: an in-memory model)
     vocab_size: int
     n_ctx: int  # max tokens one sequence can hold
     max_sequences: int | None = None  # sequences that can be live at once (None: unlimited)

@@ -272,10 +272,9 @@ class ServerState:
 
 def _identity(backend: Backend) -> dict:
     """{"name", "sha256"} of a backend's model file (in-memory backends: their name, no sha256)."""
-    path = getattr(backend, "path", None)  # llama.cpp backends load a file
-    if path is None:
+    if backend.path is None:
         return {"name": backend.name, "sha256": None}
-    name, sha = identify(path)
+    name, sha = identify(backend.path)
     return {"name": name, "sha256": sha}
 
 

@@ -43,7 +43,7 @@ def describe_model(spec: str | Backend | None, backend: Backend | None) -> dict 
     registered name, a GGUF path, or (spec None) the loaded backend itself."""
     if spec is None and backend is None:
         return None
-    path = getattr(backend, "path", None)
+    path = backend.path if backend is not None else None
     if not isinstance(spec, str) and path is not None:
         spec = _registered_name(Path(path)) or str(path)
     out: dict = {"name": spec if isinstance(spec, str) else getattr(backend, "name", str(spec))}
