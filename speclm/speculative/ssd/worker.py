@@ -45,7 +45,7 @@ def model_spec(spec, backend: Backend) -> str:
     """What the worker process needs to load the same draft model."""
     if isinstance(spec, str):
         return spec
-    if hasattr(backend, "path"):
+    if backend.path is not None:
         return str(backend.path)
     if hasattr(backend, "logits_for"):
         return toy_spec(backend)
