@@ -46,6 +46,8 @@ class RequestHandle:
     loop (no thread is parked per waiting request).
     """
 
+    served_by: str | None = None  # which replica generates it (a Ray deployment's; None in one process)
+
     def __init__(self, rid: str, prompt_ids: list[int]):
         self.id = rid
         self.prompt_ids = prompt_ids
@@ -187,6 +189,11 @@ class Engine:
             self._pending.append((handle, gen))
             self._lock.notify()
         return handle
+
+    @property
+    def alive(self) -> bool:
+        """Whether the scheduler thread runs and takes requests."""
+        return self._thread.is_alive() and not self._stop
 
     @property
     def load(self) -> tuple[int, int]:

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP app over one speclm Engine: `create_app(llm, config)`.
+"""The OpenAI-compatible HTTP app over one speclm Engine: `create_app(llm, config)`
+(the routes and answers are http.py's; this is the one-process Frontend).
 
 Contracts:
 - One Engine (config.max_concurrency running, config.max_queue waiting) serves
@@ -30,64 +31,25 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import uuid
-from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
+from fastapi import FastAPI
 
 from ..api import LLM
 from ..backends.base import Backend
 from ..engine import Engine, RequestHandle
 from ..errors import InvalidRequestError
-from ..metrics import GenerationResult
 from ..models.catalog import identify
 from ..speculative.loop import context_problem
 from ..speculative.methods import get_method, priced_proposals
 from .config import ServerConfig
 from .access import Access
-from .gate import Gate, caller_of, tenant_of
-from .prom import RequestMetrics, ServerMetrics
+from .http import check_model, http_app
+from .prom import ServerMetrics
 from .tenants import SHARED, Tenants
-from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, ParamError, Usage, _GenerationRequest,
-                      api_error, chunk_body, printable, quoted, response_body, validation_error)
-
-
-def _sse(obj: dict | str) -> str:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-class _EventStream(StreamingResponse):
-    """SSE response that cancels its request however the response ends
-    (a disconnect included), then accounts it."""
-
-    def __init__(self, events: AsyncIterator[str], handle: RequestHandle, state: ServerState):
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._handle, self._state = handle, state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._handle.cancel()  # no-op when finished; frees the sequence on a disconnect
-            self._state.account(self._handle)
-
-
-async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:
-    """Cancel `handle` if the client hangs up before its (non-streamed) answer."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    handle.cancel()
+from .schemas import ParamError, _GenerationRequest, api_error
 
 
 class ServerState:
@@ -124,12 +86,7 @@ class ServerState:
                            "n_ctx": self.llm.target.n_ctx, "max_tokens_limit": self.config.max_tokens_limit}}
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_id:
-            if printable(model) != model:
-                raise APIError(400, f"model must be valid Unicode text, got {quoted(model)}: send the "
-                               f"id `{self.model_id}`", param="model")
-            raise APIError(404, f"The model {quoted(model)} does not exist: this server serves "
-                           f"`{self.model_id}`", param="model", code="model_not_found")
+        check_model(self.model_id, model)
 
     def submit(self, req: _GenerationRequest, tenant: str | None = None) -> RequestHandle:
         """Validate, tokenize and enqueue (blocking: run it in a worker thread);
@@ -151,65 +108,14 @@ class ServerState:
             asked = min(req.default_max_tokens or limit, limit, n_ctx - len(ids))
         return self.engine.submit(ids, req.sampling(asked), spec)
 
-    async def serve(self, req: _GenerationRequest, request: Request) -> Response:
-        """Answer one completion request (JSON, or SSE when req.stream)."""
-        deadline = asyncio.get_running_loop().time() + self.config.request_timeout_s
-        if self.closing:
-            raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
-        self.check_model(req.model)
+    async def open(self, req: _GenerationRequest, tenant: str | None) -> RequestHandle:
+        """Submit in a worker thread; bad input raises its APIError."""
         try:
-            handle = await asyncio.to_thread(self.submit, req, tenant_of(request))
+            return await asyncio.to_thread(self.submit, req, tenant)
         except Exception as exc:
             raise api_error(exc) from exc
-        chat = isinstance(req, ChatCompletionRequest)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        if req.stream:
-            usage = bool(req.stream_options and req.stream_options.include_usage)
-            return _EventStream(self._events(handle, rid, chat, deadline, usage), handle, self)
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
-        try:
-            left = max(0.0, deadline - asyncio.get_running_loop().time())
-            result = await asyncio.to_thread(handle.result, left)
-        except BaseException as exc:
-            handle.cancel()
-            raise self._timeout() if isinstance(exc, TimeoutError) else exc
-        finally:
-            watcher.cancel()
-            self.account(handle)
-        if result.finish_reason == "cancelled":
-            raise self._cancelled()
-        return JSONResponse(response_body(rid, self.model_id, result, chat))
 
-    async def _events(self, handle: RequestHandle, rid: str, chat: bool, deadline: float,
-                      include_usage: bool) -> AsyncIterator[str]:
-        loop, created = asyncio.get_running_loop(), int(time.time())
-
-        def chunk(**kw) -> str:
-            return _sse(chunk_body(rid, self.model_id, created, chat, **kw))
-
-        if chat:
-            yield chunk(role=True)
-        deltas = handle.astream()
-        try:
-            while True:
-                try:
-                    text = await asyncio.wait_for(deltas.__anext__(), max(0.0, deadline - loop.time()))
-                except StopAsyncIteration:
-                    break
-                yield chunk(text=text)
-            result: GenerationResult = handle.result(0)
-            if result.finish_reason == "cancelled":
-                yield _sse(self._cancelled().body)
-            else:
-                yield chunk(finish_reason=result.finish_reason)
-                if include_usage:
-                    yield chunk(usage=Usage.of(result))
-        except Exception as exc:
-            handle.cancel()
-            yield _sse((self._timeout() if isinstance(exc, TimeoutError) else api_error(exc)).body)
-        yield _sse("[DONE]")
-
-    def health(self, detailed: bool) -> dict:
+    def health_body(self, detailed: bool) -> dict:
         """/health's body: up (ok, or shutting_down) and ready (a request would be taken now),
         for anyone; `detailed` (for the operator): also the model, the load, the kernels
         and, once an ssd request has started it, the SSD speculator."""
@@ -227,7 +133,16 @@ class ServerState:
             body["speculator"] = speculator
         return body
 
-    def clear_cache(self, scope: str | None) -> dict:
+    async def health(self, detailed: bool) -> dict:
+        return self.health_body(detailed)
+
+    async def clear_cache(self, scope: str | None) -> dict:
+        return await asyncio.to_thread(self.forget, scope)
+
+    async def render_metrics(self) -> tuple[bytes, str]:
+        return self.metrics.render()
+
+    def forget(self, scope: str | None) -> dict:
         """Forget what was kept for cache `scope` (a tenant's suffix cache, adapted heads,
         prompt KV copies, and the acceptance calibration and cost curves its requests
         learnt; None: the shared scope); returns what the caches held."""
@@ -256,14 +171,6 @@ class ServerState:
         except Exception:  # failed requests have no result; their status is counted
             pass
 
-    def _timeout(self) -> APIError:
-        return APIError(504, f"the request did not finish within {self.config.request_timeout_s:g} s "
-                        "and was cancelled", "timeout_error", code="request_timeout")
-
-    def _cancelled(self) -> APIError:
-        return APIError(503, "the request was cancelled: the server is shutting down", "server_error",
-                        code="cancelled")
-
     async def close(self) -> None:
         """Refuse new requests and cancel those in flight (idempotent)."""
         self.closing = True
@@ -279,65 +186,5 @@ def _identity(backend: Backend) -> dict:
 
 
 def create_app(llm: LLM, config: ServerConfig | None = None) -> FastAPI:
-    """The FastAPI app serving `llm`; its state is `app.state.speclm` (ServerState)."""
-    config = config or ServerConfig()
-    state = ServerState(llm, config)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        # Each in-flight request parks one thread waiting on the engine (to_thread):
-        # size the pool so waiting requests never queue behind each other.
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(
-            config.max_concurrency + config.max_queue + 8, thread_name_prefix="speclm-wait"))
-        yield
-        await state.close()
-
-    app = FastAPI(title="speclm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.speclm = state
-    app.add_middleware(Gate, access=state.access, max_body_bytes=config.max_body_bytes,
-                       body_timeout_s=config.body_timeout_s)
-    app.add_middleware(RequestMetrics, metrics=state.metrics)  # outermost: sees 401 and 413 too
-
-    async def on_error(_request: Request, exc: Exception) -> Response:
-        if isinstance(exc, RequestValidationError):
-            return validation_error(exc.errors()).response()
-        if isinstance(exc, StarletteHTTPException):
-            type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-            return APIError(exc.status_code, str(exc.detail), type_).response(exc.headers)
-        return api_error(exc).response()
-
-    for kind in (APIError, RequestValidationError, StarletteHTTPException, Exception):
-        app.add_exception_handler(kind, on_error)
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await state.serve(body, request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await state.serve(body, request)
-
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [state.model_card()]}
-
-    @app.get("/v1/models/{model:path}")
-    async def model(model: str) -> dict:
-        state.check_model(model)
-        return state.model_card()
-
-    @app.post("/admin/cache/clear")
-    async def clear_cache(request: Request, tenant: str | None = None) -> dict:
-        scope = state.access.cache_scope(caller_of(request), tenant)
-        return await asyncio.to_thread(state.clear_cache, scope)
-
-    @app.get("/health")
-    async def health(request: Request) -> JSONResponse:
-        return JSONResponse(state.health(caller_of(request).observer), 503 if state.closing else 200)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        body, content_type = state.metrics.render()
-        return Response(body, media_type=content_type)
-
-    return app
+    """The FastAPI app serving `llm` (http.py's routes); its state is `app.state.speclm` (ServerState)."""
+    return http_app(ServerState(llm, config or ServerConfig()))

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -130,7 +131,7 @@ class ServerMetrics:
     `suffix_caches()` each scope's suffix cache stats (LLM.suffix_cache_stats),
     `prefix_caches()` each scope's prompt KV cache stats (LLM.prefix_cache_stats)."""
 
-    def __init__(self, load: Callable[[], tuple[int, int]],
+    def __init__(self, load: Callable[[], tuple[int, int]] | None,
                  speculator: Callable[[], dict | None] = lambda: None,
                  suffix_caches: Callable[[], dict[str | None, dict]] = dict,
                  prefix_caches: Callable[[], dict[str | None, dict]] = dict):
@@ -170,10 +171,11 @@ class ServerMetrics:
         self.mean_acceptance_length = Gauge("speclm_spec_mean_acceptance_length", "Σ (a_r + 1) / "
                                             "rounds since start (tokens per target forward)",
                                             ["method"], registry=r)
-        Gauge("speclm_requests_running", "requests generating now", registry=r).set_function(
-            lambda: load()[0])
-        Gauge("speclm_requests_queued", "requests waiting for a slot", registry=r).set_function(
-            lambda: load()[1])
+        if load is not None:  # None: an app without an engine of its own (a Ray ingress)
+            Gauge("speclm_requests_running", "requests generating now", registry=r).set_function(
+                lambda: load()[0])
+            Gauge("speclm_requests_queued", "requests waiting for a slot", registry=r).set_function(
+                lambda: load()[1])
         self._lock = threading.Lock()
         self._totals: dict[str, list[int]] = {}  # method -> [drafted, accepted, rounds]
 
@@ -218,6 +220,31 @@ class ServerMetrics:
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of the Prometheus text exposition."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def merge_expositions(parts: dict[str, bytes], label: str = "replica") -> bytes:
+    """One Prometheus exposition from several (e.g. each replica's), every sample
+    labelled `label`=its part's name; families of the same name are joined."""
+    families: dict[str, Metric] = {}
+    for name, body in parts.items():
+        for family in text_string_to_metric_families(body.decode()):
+            joined = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+            for s in family.samples:
+                joined.samples.append(s._replace(labels={**s.labels, label: name}))
+    registry = CollectorRegistry()
+    registry.register(_Fixed(list(families.values())))
+    return generate_latest(registry)
+
+
+class _Fixed:
+    """A collector of ready-made families."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return self.families
 
 
 _ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")

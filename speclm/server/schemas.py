@@ -98,6 +98,15 @@ class APIError(Exception):
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         return JSONResponse(self.body, self.status, headers={**self.headers, **(headers or {})})
 
+    def __reduce__(self):  # picklable: it crosses processes in a Ray deployment
+        return _api_error_of, (self.status, self.body, self.headers)
+
+
+def _api_error_of(status: int, body: dict, headers: dict[str, str]) -> APIError:
+    err = APIError(status, body["error"]["message"], headers=headers)
+    err.body = body
+    return err
+
 
 def api_error(exc: BaseException) -> APIError:
     """Map an exception raised while serving a request to its HTTP answer."""
@@ -300,6 +309,7 @@ class SpeculativeUsage(BaseModel):
     mean_acceptance_length: float | None
     drafted: int
     accepted: int
+    cache_hit_rate: float | None = None  # SSD: rounds whose block was pre-drafted / rounds
 
 
 class PromptTokensDetails(BaseModel):
@@ -322,7 +332,8 @@ class Usage(BaseModel):
                    speculative=SpeculativeUsage(
                        method=r.method, k=r.k, acceptance_rate=s.acceptance_rate if s else None,
                        mean_acceptance_length=s.mean_acceptance_length if s else None,
-                       drafted=s.proposed if s else 0, accepted=s.accepted if s else 0))
+                       drafted=s.proposed if s else 0, accepted=s.accepted if s else 0,
+                       cache_hit_rate=s.cache_hit_rate if s else None))
 
 
 class CompletionChoice(BaseModel):
