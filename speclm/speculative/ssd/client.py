@@ -71,7 +71,8 @@ class SpeculatorConfig:
 
     threads: llama.cpp threads of the draft; cores: CPU cores to pin it to
     (e.g. (1,)); addr: connect to a running `speclm speculator` (e.g.
-    tcp://host:5555) instead of spawning one; timeout_s: longest wait for one
+    tcp://host:5555) instead of spawning one; locate: a function that finds that
+    address anew at every start and restart (a speculator that moves: Ray); timeout_s: longest wait for one
     block before the speculator counts as lost; sessions: requests it serves at
     once (None: the LLM's max_sequences); max_sequences: its KV sequences (None:
     sessions × (fan-out + 1), at most 64); kernels: as `LLM(kernels=...)`. A lost speculator is restarted by the
@@ -94,7 +95,9 @@ class SpeculatorConfig:
     kernels: str | None = None  # the draft's llama.cpp kernels (None: the LLM's request)
     max_restarts: int = 5
     restart_backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
     stable_s: float = 60.0
+    locate: Callable[[], str] | None = None  # finds a running speculator's address at each (re)start (overrides addr)
 
     def __post_init__(self) -> None:
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
@@ -126,7 +129,7 @@ class SpeculatorProcess:
         self.lost_at: float | None = None  # time.monotonic() when it was found lost
         self.started_at = time.monotonic()
         self._retired = False
-        self.addr = cfg.addr or self._spawn()
+        self.addr = (cfg.locate() if cfg.locate else cfg.addr) or self._spawn()
         atexit.register(self.close)
         try:
             self.hello = self._hello()

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from .client import SpeculatorConfig, SpeculatorProcess
+from .client import SpeculatorConfig, SpeculatorLost, SpeculatorProcess
 
 log = logging.getLogger("speclm.ssd")
 
@@ -23,7 +23,8 @@ class SpeculatorSupervisor:
     """The current SpeculatorProcess of one LLM, restarted when lost.
 
     Construction starts the first one: its errors raise (the first request
-    learns that SSD cannot run). Restart errors never raise: they are logged
+    learns that SSD cannot run), unless the speculator is one found by
+    cfg.locate (a Ray actor): then requests go on synchronously until it is found. Restart errors never raise: they are logged
     and counted, and requests go on synchronously meanwhile.
     """
 
@@ -35,7 +36,13 @@ class SpeculatorSupervisor:
         self._retry_at = 0.0
         self._seen_loss: SpeculatorProcess | None = None
         self._gave_up = False
-        self.process = spawn(model, cfg)
+        try:
+            self.process = spawn(model, cfg)
+        except Exception as exc:
+            if cfg.locate is None:
+                raise
+            self.process = _Unreachable(str(exc))  # one we do not own: go on synchronously, retry later
+            self._fail(f"not reachable: {exc}")
 
     def get(self) -> SpeculatorProcess:
         """The speculator for a new SSD request: the current one while it is usable, else
@@ -77,7 +84,8 @@ class SpeculatorSupervisor:
                 log.warning("SSD speculator: giving up after %d failures in a row: SSD requests stay on the "
                             "synchronous draft path (restart the server to try again)", self.failures)
             return
-        delay = 0.0 if self.failures <= 1 else self.cfg.restart_backoff_s * 2 ** (self.failures - 2)
+        delay = 0.0 if self.failures <= 1 else min(self.cfg.max_backoff_s,
+                                                   self.cfg.restart_backoff_s * 2 ** min(self.failures - 2, 30))
         self._retry_at = time.monotonic() + delay
 
     def state(self) -> dict:
@@ -90,3 +98,25 @@ class SpeculatorSupervisor:
     def close(self) -> None:
         with self._lock:
             self.process.close()
+
+
+class _Unreachable:
+    """Stands for a speculator that could not be reached at the first start (a lost one)."""
+
+    pid = None
+
+    def __init__(self, why: str):
+        self.lost, self.started_at = why, time.monotonic()
+        self.lost_at = self.started_at
+
+    def check(self) -> bool:
+        return False
+
+    def open(self):
+        raise SpeculatorLost(self.lost)
+
+    def retire(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
