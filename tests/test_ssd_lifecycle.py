@@ -17,7 +17,8 @@ from speclm.engine import Engine
 from speclm.errors import BackendError
 from speclm.speculative import steps
 from speclm.speculative.proposers.draft_model import DraftModelProposer
-from speclm.speculative.ssd.client import SessionFailed, SpeculatorConfig, SpeculatorProcess, SSDProposer
+from speclm.speculative.ssd.client import (SessionFailed, SpeculatorConfig, SpeculatorLost, SpeculatorProcess,
+                                          SSDProposer)
 from speclm.speculative.ssd.speculator import SpeculatorSession, SSDOptions
 from speclm.speculative.ssd.supervisor import SpeculatorSupervisor
 from speclm.speculative.ssd.wire import decode, encode
@@ -240,6 +241,45 @@ def test_a_failed_restart_is_counted_and_retried_later():
     assert sup.get().lost == "killed" and len(attempts) == 2  # tried at once, failed: still the lost one
     assert sup.get().lost == "killed" and len(attempts) == 2  # backing off
     assert wait_until(lambda: sup.get().lost is None, 1.0) and sup.restarts == 1
+
+
+
+def test_a_located_speculator_not_there_yet_is_waited_for_not_fatal():
+    """A speculator found by SpeculatorConfig.locate (a Ray actor) may be restarting when a
+    replica first needs it: requests then draft synchronously, and it is looked up again."""
+    attempts = []
+
+    def spawn(model, cfg):
+        attempts.append(cfg.locate())
+        if len(attempts) == 1:
+            raise BackendError("no SSD speculator answered")
+        return FakeProcess(model, cfg)
+
+    sup = SpeculatorSupervisor("m", SpeculatorConfig(locate=lambda: "tcp://10.0.0.2:5555", restart_backoff_s=0.05),
+                               spawn=spawn)
+    assert sup.state()["state"] == "lost" and "no SSD speculator answered" in sup.state()["reason"]
+    with pytest.raises(SpeculatorLost):
+        sup.get().open()  # the request goes on synchronously
+    assert wait_until(lambda: sup.get().lost is None, 1.0) and attempts == ["tcp://10.0.0.2:5555"] * 2
+
+
+def test_without_locate_a_speculator_that_cannot_start_fails_the_first_request():
+    def spawn(model, cfg):
+        raise BackendError("cannot load the draft")
+
+    with pytest.raises(BackendError, match="cannot load the draft"):
+        SpeculatorSupervisor("m", SpeculatorConfig(), spawn=spawn)
+
+
+def test_restart_backoff_is_capped():
+    sup = SpeculatorSupervisor("m", SpeculatorConfig(restart_backoff_s=1.0, max_backoff_s=4.0, max_restarts=1 << 30),
+                               spawn=FakeProcess)
+    for _ in range(40):  # forty quick deaths in a row
+        sup.get().die()
+        sup._retry_at = 0.0  # skip the wait itself: the delay it chose is what is checked
+    sup.get().die()
+    sup.get()
+    assert sup._retry_at - time.monotonic() <= 4.0
 
 
 # ---- sessions share the speculator -------------------------------------------------
