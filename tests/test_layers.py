@@ -21,6 +21,7 @@ LAYERS = [
     ("speculation", ["speclm.speculative"]),
     ("the engine", ["speclm.api", "speclm.engine"]),
     ("services", ["speclm.server", "speclm.bench"]),
+    ("distribution", ["speclm.distributed"]),
     ("commands", ["speclm.commands", "speclm.__main__", "speclm"]),
 ]
 

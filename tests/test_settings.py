@@ -13,6 +13,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.load import LoadConfig
 from speclm.backends.toy import ToyBackend
+from speclm.distributed.settings import RaySettings
 from speclm.bench.setup.config import BenchConfig
 from speclm.bench.setup.workloads import WorkloadConfig
 from speclm.bench.trust.policy import TrustPolicy
@@ -30,7 +31,7 @@ from speclm.speculative.ssd.client import SpeculatorConfig
 COMMANDS = ("generate", "serve", "bench")
 COMMAND_ARGS = {  # arguments of one command alone: what it does, not a setting
     "generate": {"--chat", "--compare-ar", "--json"},
-    "serve": set(),
+    "serve": {"--ray"},
     "bench": {"--targets", "--drafts", "--variant-quality", "--out", "--quick", "--no-wait-quiet", "--endpoint",
               "--endpoint-b", "--endpoint-api-key", "--endpoint-api-key-b", "--endpoint-operator-key",
               "--endpoint-model", "--endpoint-model-b", "--endpoint-timeout"},
@@ -52,7 +53,7 @@ def declared() -> dict[str, str]:
     """{flag: help} of every declared setting."""
     out = {}
     for cls in (LoadConfig, SamplingParams, SpeculatorConfig, ServerConfig, ListenConfig, BenchConfig,
-                WorkloadConfig, TrustPolicy):
+                WorkloadConfig, TrustPolicy, RaySettings):
         out.update({o.flag: o.help for o in options_of(cls)})
     out.update({o.flag: o.help for o in spec_options()})
     return out

@@ -131,14 +131,19 @@ def kernels_for(spec: SpecConfig) -> str:
     return "speculation" if get_method(spec.method).uses_k else "decoding"
 
 
-def open_llm(args: argparse.Namespace, spec: SpecConfig, **kw: Any):
-    """The LLM the model flags (LoadConfig) describe, its kernels chosen for spec's
-    method, the speculator placed by its flags; `kw`: more LLM arguments."""
-    from ..api import LLM
+def llm_arguments(args: argparse.Namespace, spec: SpecConfig, **kw: Any) -> dict[str, Any]:
+    """LLM's keyword arguments from the model flags (LoadConfig): its kernels chosen for
+    spec's method, the speculator placed by its flags; `kw`: more LLM arguments."""
     from ..backends.load import LoadConfig
     load = build(args, LoadConfig)
-    return LLM(target=load.target, draft=draft_for(args, spec), n_ctx=load.n_ctx, n_threads=load.n_threads,
-               kernels=load.kernels, kernels_for=kernels_for(spec), speculator=speculator_config(args), **kw)
+    return dict(target=load.target, draft=draft_for(args, spec), n_ctx=load.n_ctx, n_threads=load.n_threads,
+                kernels=load.kernels, kernels_for=kernels_for(spec), speculator=speculator_config(args), **kw)
+
+
+def open_llm(args: argparse.Namespace, spec: SpecConfig, **kw: Any):
+    """The LLM `llm_arguments` describes."""
+    from ..api import LLM
+    return LLM(**llm_arguments(args, spec, **kw))
 
 
 def draft_for(args: argparse.Namespace, spec: SpecConfig) -> str | None:

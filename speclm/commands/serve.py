@@ -34,7 +34,9 @@ from ..speculative.methods import get_method
 from ..server.app import create_app
 from ..server.config import ListenConfig, ServerConfig
 from ..server.connections import guarded_protocol
-from .options import add_options, add_spec_options, build, open_llm, spec_from_args
+from ..distributed.settings import RaySettings, ReplicaSpec
+from ..speculative.config import SpecConfig
+from .options import add_options, add_spec_options, build, llm_arguments, spec_from_args
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -49,6 +51,10 @@ def add_serve_parser(subparsers) -> None:
     add_options(s, ServerConfig, "server")
     add_options(s, ListenConfig, "listening")
     add_spec_options(s)  # the defaults for requests that do not set `speculative`
+    ray = s.add_argument_group("ray serve (docs/distributed.md)")
+    ray.add_argument("--ray", action="store_true", help="serve on Ray Serve: an ingress and --replicas engine "
+                     "replicas on a local cluster, or the one at --ray-address")
+    add_options(ray, RaySettings)
     s.set_defaults(func=cmd_serve)
 
 
@@ -61,8 +67,8 @@ def _model_id(load: LoadConfig, config: ServerConfig) -> str:
     return Path(load.target).stem if load.target.endswith(".gguf") else load.target
 
 
-def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
-    """Load the models (and warm them up) and build the app; the caller closes the LLM."""
+def server_settings(args: argparse.Namespace) -> tuple[SpecConfig, ServerConfig, dict]:
+    """The default speculation, the server's config and LLM's arguments the flags describe."""
     spec = spec_from_args(args)
     method = get_method(spec.method)
     if unused := spec.unused_settings(method.proposal_for(spec, has_draft=True)):
@@ -71,8 +77,15 @@ def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
                                   "that reads them")
     config = build(args, ServerConfig, default_spec=spec).with_env_keys()
     config = dataclasses.replace(config, model_id=_model_id(build(args, LoadConfig), config))
-    llm = open_llm(args, spec, max_sequences=config.max_concurrency, prefix_cache_tokens=config.prefix_cache_tokens,
-                   suffix_cache_tokens=config.suffix_cache_tokens)
+    return spec, config, llm_arguments(args, spec, max_sequences=config.max_concurrency,
+                                       prefix_cache_tokens=config.prefix_cache_tokens,
+                                       suffix_cache_tokens=config.suffix_cache_tokens)
+
+
+def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
+    """Load the models (and warm them up) and build the app; the caller closes the LLM."""
+    spec, config, arguments = server_settings(args)
+    llm = LLM(**arguments)
     try:
         app = create_app(llm, config)
         llm.warmup(spec)
@@ -107,6 +120,36 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds through cmd_serve's `finally`, unlike SIGTERM's default
 
 
+def ray_spec(args: argparse.Namespace) -> ReplicaSpec:
+    """What each Ray Serve engine replica loads and serves, from `speclm serve`'s flags."""
+    spec, config, arguments = server_settings(args)
+    arguments.pop("n_threads")  # a replica computes with the CPUs Ray gives it
+    speculator = arguments.pop("speculator")
+    return ReplicaSpec(arguments, config, spec, speculator, build(args, RaySettings))
+
+
+def ray_app(args: dict):
+    """The Ray Serve application for `serve run` / `serve deploy` / KubeRay's RayService:
+    `args: {flags: "..."}` holds `speclm serve`'s flags (e.g. "--target smollm2-135m --replicas 3");
+    API keys come from SPECLM_API_KEY / SPECLM_OPERATOR_KEY in the environment."""
+    import shlex
+
+    from . import build_parser
+    from ..distributed.deploy import application
+    parsed = build_parser().parse_args(["serve", *shlex.split(str(args.get("flags", "")))])
+    return application(ray_spec(parsed))
+
+
+def _serve_on_ray(args: argparse.Namespace) -> int:
+    try:
+        from ..distributed.deploy import run
+    except ImportError as exc:
+        raise InvalidRequestError(f"--ray needs Ray Serve ({exc}): pip install 'speclm[ray]'") from None
+    listen = build(args, ListenConfig)
+    run(ray_spec(args), host=listen.host, port=listen.port)
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Build the LLM and app, serve until interrupted; 0 on a clean exit.
 
@@ -114,6 +157,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     process would die there, before llm.close(). SystemExit instead lets the
     LLM close: the speculator stops and its temporary directory is removed."""
     build(args, ListenConfig)  # bad flags fail before the models load
+    if args.ray:
+        return _serve_on_ray(args)
     for flag, given, env in (("--api-key", args.api_keys, "SPECLM_API_KEY"),
                              ("--operator-key", args.operator_key, "SPECLM_OPERATOR_KEY")):
         if given:
