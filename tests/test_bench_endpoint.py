@@ -28,6 +28,7 @@ from speclm.bench.endpoint import metrics as endpoint_metrics
 from speclm.bench.endpoint.client import EndpointError, base_url
 from speclm.commands import main
 from speclm.server import ServerConfig, create_app
+from speclm.server.tenants import tenant_id
 from speclm.commands.serve import add_serve_parser, build_app
 
 from .test_server import live as live_server
@@ -113,7 +114,8 @@ def test_ar_and_auto_toy_servers_compared_per_category(tmp_path, capsys, monkeyp
     assert spec["A"]["source"] == spec["B"]["source"] == "speclm"
     assert spec["A"]["drafted"] == 0 and spec["B"]["drafted"] > 0 and 0 < spec["B"]["acceptance_rate"] <= 1
     assert spec["B"]["by_method"].keys() == {"auto"}
-    assert manifest["endpoints"] == [{"label": "A", "url": a, "model": "toy"}, {"label": "B", "url": b, "model": "toy"}]
+    assert manifest["endpoints"] == [{"label": "A", "url": a, "model": "toy", "tenants": 1},
+                                     {"label": "B", "url": b, "model": "toy", "tenants": 1}]
     assert manifest["contamination"]["observed"]["waits"][0]["max_wait_s"] == 0
     for section in ("## B vs A per category", "## Output identity at T=0", "## Latency per endpoint",
                     "## Throughput under concurrency", "## Speculation metrics"):
@@ -199,6 +201,25 @@ def test_a_wrong_key_is_named_with_the_flag_that_fixes_it(tmp_path, capsys):
                     f"server's key with --endpoint-api-key-b (or SPECLM_API_KEY) (partial results in {out})")
     partial(out)
 
+
+
+def test_several_keys_are_several_tenants_one_per_category(tmp_path, monkeypatch):
+    """A category's prompts go with one key, so its later prompts draft from its own earlier outputs,
+    as one client's would; the server counts each tenant's requests apart."""
+    import httpx
+    out = tmp_path / "o"
+    monkeypatch.delenv("SPECLM_API_KEY", raising=False)
+    app = toy_server("sd-suffix", api_keys=("k-one", "k-two"), operator_key="k-op")
+    with live(app) as url:
+        assert main(["bench", "--endpoint", url, "--endpoint-api-key", "k-one,k-two", "--endpoint-operator-key",
+                     "k-op", "--dataset", str(dataset(tmp_path)), "--max-new-tokens", "8", "--no-wait-quiet",
+                     "--out", str(out)]) == 0
+        metrics = httpx.get(url + "/metrics", headers={"Authorization": "Bearer k-op"}, timeout=10).text
+    requests, _, manifest, _ = load(out)
+    assert {(r["category"], r["tenant"]) for r in requests} == {("code", 0), ("talk", 1)}
+    assert manifest["endpoints"][0]["tenants"] == 2
+    for key in ("k-one", "k-two"):  # each tenant's suffix cache holds its own requests
+        assert f'scope="{tenant_id(key)}"' in metrics
 
 class HtmlHandler(http.server.BaseHTTPRequestHandler):
     """Not an API: an HTML page for everything."""

@@ -17,6 +17,7 @@ from ..bench.endpoint.bench import Server, bench_endpoints
 from ..bench.endpoint.client import base_url
 from ..bench.output.sections import print_sections
 from ..errors import InvalidRequestError
+from ..server.tenants import split_keys
 
 NOT_WITH_ENDPOINT = {"target": "--target", "targets": "--targets", "draft": "--draft", "drafts": "--drafts",
                      "methods": "--methods", "ks": "--k", "variant_quality": "--variant-quality",
@@ -29,10 +30,12 @@ def add_endpoint_options(b: argparse.ArgumentParser) -> None:
                    help="benchmark the server at URL (e.g. http://127.0.0.1:8000) instead of local models")
     e.add_argument("--endpoint-b", default=None, metavar="URL",
                    help="a second server, compared with the first: B vs A per category, output identity at T=0")
-    e.add_argument("--endpoint-api-key", default=None, metavar="KEY",
-                   help="bearer key for the servers (default $SPECLM_API_KEY; a flag is visible in `ps`)")
-    e.add_argument("--endpoint-api-key-b", default=None, metavar="KEY",
-                   help="key for --endpoint-b (default: --endpoint-api-key)")
+    e.add_argument("--endpoint-api-key", default=None, metavar="KEY[,KEY...]",
+                   help="bearer key for the servers (default $SPECLM_API_KEY; a flag is visible in `ps`); several, "
+                        "comma-separated, are as many tenants: each category's prompts go with one key (the i-th "
+                        "category with key i mod keys)")
+    e.add_argument("--endpoint-api-key-b", default=None, metavar="KEY[,KEY...]",
+                   help="keys for --endpoint-b (default: --endpoint-api-key)")
     e.add_argument("--endpoint-operator-key", default=None, metavar="KEY",
                    help="key /metrics is read with (a speclm server's operator key; default "
                         "$SPECLM_OPERATOR_KEY, else the API key): without it a remote speclm server's "
@@ -61,11 +64,12 @@ def check_endpoint_args(args: argparse.Namespace) -> None:
 def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
     """`speclm bench --endpoint URL [--endpoint-b URL]`: `v` the resolved flags
     (commands/bench.resolve_args), `prompts` the prompt set they select."""
-    key_a = args.endpoint_api_key or os.environ.get("SPECLM_API_KEY") or None
+    keys_a = tuple(split_keys(args.endpoint_api_key or os.environ.get("SPECLM_API_KEY")))
     operator = args.endpoint_operator_key or os.environ.get("SPECLM_OPERATOR_KEY") or None
-    servers = [Server("A", args.endpoint, key_a, args.endpoint_model, operator)]
+    servers = [Server("A", args.endpoint, keys_a, args.endpoint_model, operator)]
     if args.endpoint_b:
-        servers.append(Server("B", args.endpoint_b, args.endpoint_api_key_b or key_a, args.endpoint_model_b, operator))
+        keys_b = tuple(split_keys(args.endpoint_api_key_b)) or keys_a
+        servers.append(Server("B", args.endpoint_b, keys_b, args.endpoint_model_b, operator))
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     out = bench_endpoints(servers, prompts, v["config"], out_dir, timeout=args.endpoint_timeout, dataset=args.dataset)
     print_sections(out["sections"])

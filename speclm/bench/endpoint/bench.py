@@ -36,12 +36,13 @@ from .run import EndpointRun, run_concurrency, run_sequential
 
 @dataclass(frozen=True)
 class Server:
-    """A server as the command names it: label ('A' or 'B'), URL, key, model id (None: its
-    first), and the key /metrics is read with (a speclm server's operator key; None: api_key)."""
+    """A server as the command names it: label ('A' or 'B'), URL, API keys (several: as many
+    tenants), model id (None: its first), and the key /metrics is read with (a speclm
+    server's operator key; None: the first API key)."""
 
     label: str
     url: str
-    api_key: str | None
+    api_keys: tuple[str, ...]
     model: str | None
     metrics_key: str | None = None
 
@@ -64,8 +65,8 @@ def bench_endpoints(servers: Sequence[Server], prompts: Sequence[Prompt], cfg: B
             requests.flush()
         try:
             for s in servers:
-                run.endpoints.append(connect(s.label, s.url, s.api_key, s.model, timeout))
-            metrics_keys = {s.label: s.metrics_key or s.api_key for s in servers}
+                run.endpoints.append(connect(s.label, s.url, list(s.api_keys), s.model, timeout))
+            metrics_keys = {s.label: s.metrics_key or next(iter(s.api_keys), None) for s in servers}
             for ep in run.endpoints:
                 run.metrics_before[ep.label] = scrape(ep.url, metrics_keys[ep.label], timeout)
             run_sequential(run, passes, cfg, write)
@@ -82,7 +83,8 @@ def bench_endpoints(servers: Sequence[Server], prompts: Sequence[Prompt], cfg: B
         target=None, draft=None, config=config, prompts_hash=prompt_set_hash(prompts), n_prompts=len(prompts),
         categories=list(dict.fromkeys(p.category for p in prompts)), dataset=dataset, threads=None,
         seed=cfg.seed, load_before=load_before, load_after=os.getloadavg(), started=run.started, ended=run.ended,
-        extra={"endpoints": [{"label": e.label, "url": e.url, "model": e.model} for e in run.endpoints]})
+        extra={"endpoints": [{"label": e.label, "url": e.url, "model": e.model, "tenants": len(e.clients)}
+                             for e in run.endpoints]})
     warnings = client_never_quiet(quiet) + phases.warnings(passes + rows)
     sections = endpoint_sections(run, config, quiet, manifest, warnings, passes + rows)
     summary, report = write_report(out_dir, sections, manifest)

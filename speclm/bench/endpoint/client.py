@@ -58,14 +58,22 @@ def base_url(url: str) -> str:
 
 @dataclass
 class Endpoint:
-    """One server: label ('A' or 'B'), root URL, the model id it is asked for, its client."""
+    """One server: label ('A' or 'B'), root URL, the model id it is asked for, one client
+    per API key (several keys: several tenants)."""
 
     label: str
     url: str
     model: str
-    api_key: str | None
+    api_keys: list[str]
     timeout: float
-    client: Any = field(repr=False, default=None)
+    clients: list[Any] = field(repr=False, default_factory=list)
+    _tenants: dict[str, int] = field(repr=False, default_factory=dict)
+
+    def tenant_of(self, prompt: Prompt) -> int:
+        """Which key a prompt is sent with: a category's prompts go as one tenant (the i-th
+        category first seen: key i mod keys), so a tenant's later prompts can draft from
+        its earlier outputs, as one client's would."""
+        return self._tenants.setdefault(prompt.category, len(self._tenants) % len(self.clients))
 
 
 def explain(exc: BaseException, ep_label: str, url: str, what: str, timeout: float) -> EndpointError:
@@ -96,12 +104,14 @@ def explain(exc: BaseException, ep_label: str, url: str, what: str, timeout: flo
     return EndpointError(f"{who}: {what} failed: {type(exc).__name__}: {_one_line(exc)}")
 
 
-def connect(label: str, url: str, api_key: str | None, model: str | None, timeout: float) -> Endpoint:
-    """Check the server (GET /v1/models: reachable, key accepted, JSON model list) and pick the model."""
+def connect(label: str, url: str, api_keys: list[str], model: str | None, timeout: float) -> Endpoint:
+    """Check the server (GET /v1/models: reachable, every key accepted, JSON model list) and pick the model."""
     openai, root = _openai(), base_url(url)
-    client = openai.OpenAI(base_url=root + "/v1", api_key=api_key or "none", max_retries=0, timeout=timeout)
+    clients = [openai.OpenAI(base_url=root + "/v1", api_key=key, max_retries=0, timeout=timeout)
+               for key in api_keys or ["none"]]
     try:
-        raw = client.models.with_raw_response.list()
+        for client in clients:
+            raw = client.models.with_raw_response.list()
         http = raw.http_response
         body = json.loads(http.text)
     except json.JSONDecodeError:
@@ -119,7 +129,7 @@ def connect(label: str, url: str, api_key: str | None, model: str | None, timeou
     if model is None and not ids:
         flag = "--endpoint-model-b" if label == "B" else "--endpoint-model"
         raise EndpointError(f"endpoint {label} ({root}) lists no model: name the one to use with {flag}")
-    return Endpoint(label, root, model or ids[0], api_key, timeout, client)
+    return Endpoint(label, root, model or ids[0], list(api_keys), timeout, clients)
 
 
 def _delta_text(chunk: Any, chat: bool) -> tuple[str, str | None]:
@@ -143,9 +153,11 @@ def stream_one(ep: Endpoint, prompt: Prompt, temperature: float, max_tokens: int
     times: list[float] = []
     parts: list[str] = []
     usage, finish = None, None
+    tenant = ep.tenant_of(prompt)
     t0 = time.perf_counter()
     try:
-        api = ep.client.chat.completions if prompt.chat else ep.client.completions
+        client = ep.clients[tenant]
+        api = client.chat.completions if prompt.chat else client.completions
         msg = {"messages": [{"role": "user", "content": prompt.prompt}]} if prompt.chat else {"prompt": prompt.prompt}
         with api.with_streaming_response.create(**msg, **kw) as resp:
             ctype = resp.headers.get("content-type", "")
@@ -180,4 +192,4 @@ def stream_one(ep: Endpoint, prompt: Prompt, temperature: float, max_tokens: int
             "ttft_ms": ttft, "tpot_ms": (times[-1] - times[0]) * 1000 / (n_out - 1) if len(times) > 1 and n_out > 1
             else None, "itl_ms": [(b - a) * 1000 for a, b in zip(times, times[1:])], "deltas": len(times),
             "tokens_per_s": 1000.0 * n_out / wall if wall > 0 else 0.0, "text": "".join(parts),
-            "load1": os.getloadavg()[0]}
+            "tenant": tenant, "served_by": resp.headers.get("x-speclm-replica"), "load1": os.getloadavg()[0]}
