@@ -9,6 +9,7 @@ time (max_concurrency 1), so batching never changes a replica's numerics.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -115,8 +116,9 @@ def test_each_tenant_stays_on_one_replica_and_answers_equal_one_process(cluster,
     for run in runs.values():
         for prompt, text, _ in run:
             assert text == reference[prompt], prompt
-    held = {r["replica"] for r in _running(url)}
-    assert set().union(*homes.values()) <= held
+    running = _running(url)
+    assert set().union(*homes.values()) <= {r["replica"] for r in running}
+    assert {r["threads"] for r in running} == {1}  # llama.cpp computes with the one CPU Ray gave each replica
 
     def metrics() -> str:
         return httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {OPERATOR}"}, timeout=30).text
@@ -131,6 +133,15 @@ def test_each_tenant_stays_on_one_replica_and_answers_equal_one_process(cluster,
 
 def test_the_openai_client_streams_and_needs_a_key(cluster, reference):
     url, _ = cluster
+    open_spec = dataclasses.replace(_spec(), server=ServerConfig(model_id="smollm2-135m", max_concurrency=1),
+                                    speculator=None, ray=RaySettings(replicas=1))
+    serve.run(application(open_spec), name="keyless", route_prefix="/keyless")  # a deployment without keys
+    try:
+        anyone = openai.OpenAI(base_url=url + "/keyless/v1", api_key="anything", max_retries=0, timeout=120)
+        assert anyone.completions.create(model="smollm2-135m", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                         temperature=0).choices[0].text == reference[PROMPTS[0]]
+    finally:
+        serve.delete("keyless")
     client = openai.OpenAI(base_url=url + "/v1", api_key=KEYS[1], max_retries=0, timeout=120)
     prompt = PROMPTS[0]
     whole = client.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
@@ -226,3 +237,14 @@ def test_killing_a_replica_loses_no_request(cluster, reference):
             assert streamed and text and reference[prompt].startswith(text), (prompt, text, error)
     assert wait_until(lambda: len(_running(url)) == 3 and victim["replica"] not in {r["replica"] for r in _running(url)},
                  90)
+
+
+def test_the_application_builder_takes_speclm_serve_flags():
+    """What `serve run`/`serve deploy` and KubeRay's RayService import: the same flags as `speclm serve`."""
+    from speclm.commands.serve import ray_app, ray_spec
+    from speclm.commands import build_parser
+    app = ray_app({"flags": "--target smollm2-135m --method sd-suffix --replicas 3 --replica-cpus 2 --routing balanced"})
+    assert isinstance(app, serve.Application)
+    spec = ray_spec(build_parser().parse_args(["serve", "--target", "smollm2-135m", "--replicas", "3"]))
+    assert spec.ray.replicas == 3 and spec.llm["target"] == "smollm2-135m" and "n_threads" not in spec.llm
+    assert spec.server.max_concurrency == spec.llm["max_sequences"]

@@ -53,7 +53,8 @@ class EngineReplica:
         if speculator is not None and spec.ray.speculator_node:
             # Ray restarts the actor; the replica keeps finding it (backoff capped by max_backoff_s)
             speculator = dataclasses.replace(speculator, locate=locate_speculator, max_restarts=1 << 30)
-        llm = LLM(**spec.llm, n_threads=assigned_threads(), speculator=speculator)
+        self.threads = assigned_threads()
+        llm = LLM(**spec.llm, n_threads=self.threads, speculator=speculator)
         try:
             self.state = ServerState(llm, spec.server)
             llm.warmup(spec.spec)
@@ -63,7 +64,7 @@ class EngineReplica:
         self._stop = threading.Event()
         self._reporter = threading.Thread(target=self._report_loop, name="speclm-report", daemon=True)
         self._reporter.start()
-        log.info("replica %s on node %s: %d llama.cpp threads", self.name, self.node, assigned_threads())
+        log.info("replica %s on node %s: %d llama.cpp threads", self.name, self.node, self.threads)
 
     async def generate(self, req: _GenerationRequest, tenant: str | None) -> AsyncIterator[tuple[str, Any]]:
         try:
@@ -94,7 +95,8 @@ class EngineReplica:
         book = directory()
         while not self._stop.wait(REPORT_EVERY_S):
             try:
-                health = {**self.state.health_body(True), "node": self.node, "actor": self.actor}
+                health = {**self.state.health_body(True), "node": self.node, "actor": self.actor,
+                          "threads": self.threads}
                 orders = ray.get(book.report.remote(self.name, health, self.state.metrics.render()[0]), timeout=5)
                 for order, scope in orders:
                     book.done.remote(order, self.name, self.state.forget(scope))

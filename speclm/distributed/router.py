@@ -17,6 +17,7 @@ from collections import Counter, OrderedDict
 from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
 
 MAX_HOMES = 1 << 16  # keys remembered (prompt-prefix keys of the shared scope are many); the oldest go first
+HOME = "home:"  # marks a routing key the ingress gave (a session id), as against a call's own request id
 
 
 class TenantRouter(ConsistentHashRouter):
@@ -26,9 +27,15 @@ class TenantRouter(ConsistentHashRouter):
         super().__init__(*args, **kwargs)
         self._homes: OrderedDict[str, object] = OrderedDict()
 
+    def _routing_key(self, pending_request) -> str | None:
+        key = super()._routing_key(pending_request)
+        if key is not None and pending_request.metadata.session_id:
+            return HOME + key
+        return key  # a call without a session id (the ingress asking for the model card): no home
+
     def _lookup_ranked_replicas(self, routing_key: str) -> list:
         ring = super()._lookup_ranked_replicas(routing_key)
-        if not ring:
+        if not ring or not routing_key.startswith(HOME):
             return ring
         live = self._replica_set_snapshot
         home = self._homes.get(routing_key)
