@@ -196,6 +196,24 @@ def test_an_overconfident_proposer_is_corrected_from_each_rounds_outcome():
     assert "probe" in ctrl.prefix_note or ctrl.prefix_note.startswith("K=0")
 
 
+def test_a_source_that_has_been_losing_must_promise_more():
+    """The loss guard: while a source's recent verified rounds cost more than they gained,
+    its draft is verified only if it promises LOSING_MARGIN of K = 0's rate; another
+    source, and a strong draft of the losing one, are not held back."""
+    ctrl = per_position(ZEN4_VERIFY)
+    draft = dict(tokens=list(range(16)), at=10)
+    assert ctrl.choose_prefix([0.9] * 16, source="cache", **draft) == 2  # est 1.07x of K = 0
+    ctrl.observe(RoundRecord(proposed=2, accepted=0, draft_ms=0.1, verify_ms=ctrl.cost.verify(3), other_ms=0.5))
+    assert ctrl.calibration.ledger["cache"] == pytest.approx(1 - ctrl.cost.verify(3) / ctrl.cost.verify(1))
+    assert ctrl.calibration.losing("cache") and not ctrl.calibration.losing("own")
+    assert ctrl.choose_prefix([0.9] * 16, source="cache", **draft) == 0
+    assert "lost lately" in ctrl.prefix_note
+    assert ctrl.choose_prefix([0.9] * 16, source="own", **draft) == 2
+    assert ctrl.choose_prefix([0.97] * 16, source="cache", **draft) == 15  # est 1.53x
+    ctrl.observe(RoundRecord(proposed=15, accepted=15, draft_ms=0.1, verify_ms=ctrl.cost.verify(16), other_ms=0.5))
+    assert not ctrl.calibration.losing("cache")  # 16 tokens for 8.5 steps' cost: even again
+
+
 def cell(cal: Calibration, c: float) -> list[float]:
     """[seen, predicted, accepted] of the calibration cell of estimate c, group 0 (no match length)."""
     return cal.cells.get((0, cal.bucket(c)), [0.0, 0.0, 0.0])

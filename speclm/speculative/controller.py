@@ -84,6 +84,8 @@ FixedK = Controller
 
 
 OPTIMISTIC_ALPHA = 0.98
+LOSING_MARGIN = 1.2  # a source whose drafts lost lately must promise this much of K = 0's rate
+LEDGER_DECAY = 0.8  # per verified round of a source: its net gain remembers ~5 rounds
 PROBE_BACKOFF = 4  # at most this many times probe_every rounds between failed probes
 
 
@@ -108,13 +110,18 @@ class Calibration:
     estimate (upper edges `edges`). Per cell, decayed sums of predictions and of
     outcomes; calibrated(c) = c + (Σ outcome − Σ predicted) / (n + prior_weight),
     clipped to [0, 1]: no observations leave c as is, many move it to the cell's
-    observed rate. Shareable by the requests of one LLM and proposer kind; thread-safe.
+    observed rate. Beside it, per draft source, the ledger: a decayed sum of
+    what its verified rounds gained over plain decoding, in tokens ((a + 1) −
+    v(K + 1) / v(1) a round), which the goodput controller reads to stop betting
+    on a source that has been losing (docs/design.md#the-loss-guard).
+    Shareable by the requests of one LLM and proposer kind; thread-safe.
     """
 
     edges: tuple[float, ...] = (0.3, 0.5, 0.7, 0.8, 0.9, 0.97, 1.0)
     prior_weight: float = 4.0
     decay: float = 0.99  # per observation in a cell: ~100-observation memory
     cells: dict[tuple, list[float]] = field(default_factory=dict)  # (group, bucket) -> [seen, predicted, accepted]
+    ledger: dict[str | None, float] = field(default_factory=dict)  # source -> decayed net tokens gained
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def bucket(self, c: float) -> int:
@@ -123,6 +130,15 @@ class Calibration:
     def __call__(self, c: float, group: int | tuple[str, int] = 0) -> float:
         seen, predicted, accepted = self.cells.get((group, self.bucket(c)), (0.0, 0.0, 0.0))
         return min(1.0, max(0.0, c + (accepted - predicted) / (seen + self.prior_weight)))
+
+    def record_net(self, source: str | None, net_tokens: float) -> None:
+        """One verified round of a draft from `source`: tokens it emitted minus its cost in v(1)."""
+        with self._lock:
+            self.ledger[source] = LEDGER_DECAY * self.ledger.get(source, 0.0) + net_tokens
+
+    def losing(self, source: str | None) -> bool:
+        """Whether `source`'s recent verified rounds, together, cost more than they gained."""
+        return self.ledger.get(source, 0.0) < 0.0
 
     def update(self, c: float, accepted: bool, group: int | tuple[str, int] = 0) -> None:
         """One verified position: estimate c (made in `group`), and whether it was accepted."""
@@ -162,6 +178,7 @@ class GoodputController(Controller):
         self.step_ms: Callable[[int], float] = lambda b: cost.step({-1: b})  # ms of the next step given my block
         self.planned_expected = 1.0  # E[tokens] of the round last planned (for the step's other requests)
         self._predicted: list[tuple[float, int | tuple[str, int]]] = []  # (estimate, group) of verified positions
+        self._source: tuple[str | None] | None = None  # the source of the draft last cut (choose_prefix)
         self._shadow: list[tuple[int, list[int], list]] = []  # (at, tokens, [(estimate, group)]) not yet learnt
         self.prefix_note: str | None = None
         self.decay, self.probe_every = decay, probe_every
@@ -277,6 +294,13 @@ class GoodputController(Controller):
         note = f"K={best} of {len(cal)} drafted: E={exp[best]:.2f} tokens, est {rates[best] / rates[0]:.2f}x of K=0"
         if probe := self._probe(best, len(cal)):
             best, note = probe, f"probe K={probe} of {len(cal)} drafted (calibrated c1={cal[0]:.2f})"
+        # the loss guard, for drafts whose tokens are calibrated verified or not (learn()): a vetoed
+        # draft still teaches the calibration, so a source can earn its way back without probes
+        learns = tokens is not None and at is not None
+        if best and learns and self.calibration.losing(source) and rates[best] < LOSING_MARGIN * rates[0]:
+            note = f"K=0: {source} drafts lost lately, and this one promises {rates[best] / rates[0]:.2f}x of K=0"
+            best, self._probing = 0, 0
+        self._source = (source,)
         if tokens is not None and at is not None:
             self._shadow.append((at, list(tokens[:len(conf)]), list(zip(conf, groups))))
             self._predicted = []
@@ -309,6 +333,9 @@ class GoodputController(Controller):
         self.cost.observe(rec)
         # the verifier's a: a stop inside the round cuts delivered tokens, not acceptance
         a = getattr(rec, "verified", rec.accepted)
+        if rec.proposed and self._source is not None:
+            self.calibration.record_net(self._source[0], a + 1 - self.step_ms(rec.proposed + 1) / self.step_ms(1))
+        self._source = None
         seen = min(a + 1, rec.proposed, len(self._predicted))
         for j in range(seen):  # position j+1 was verified: accepted iff j < a
             c, group = self._predicted[j]
