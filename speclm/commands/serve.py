@@ -146,7 +146,16 @@ def _serve_on_ray(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InvalidRequestError(f"--ray needs Ray Serve ({exc}): pip install 'speclm[ray]'") from None
     listen = build(args, ListenConfig)
-    run(ray_spec(args), host=listen.host, port=listen.port)
+    spec = ray_spec(args)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:
+        run(spec, host=listen.host, port=listen.port)  # until Ctrl-C or SIGTERM; then the app is taken down
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -60,7 +60,24 @@ def connect(address: str | None) -> None:
 
 def run(spec: ReplicaSpec, host: str = "127.0.0.1", port: int = 8000, blocking: bool = True,
         name: str = APP_NAME, route_prefix: str = "/") -> None:
-    """Deploy the application behind Ray Serve's HTTP proxy at host:port/route_prefix."""
+    """Deploy the application behind Ray Serve's HTTP proxy at host:port/route_prefix;
+    blocking: serve until interrupted (KeyboardInterrupt, or SystemExit from a signal),
+    then take the application down (and the cluster, if this process started it)."""
     connect(spec.ray.ray_address)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(application(spec), name=name, route_prefix=route_prefix, blocking=blocking)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(application(spec), name=name, route_prefix=route_prefix, blocking=blocking)
+    except BaseException:
+        stop(name)
+        raise
+    if blocking:
+        stop(name)
+
+
+def stop(name: str = APP_NAME) -> None:
+    """Delete the application (its replicas drain through Serve's graceful shutdown) and
+    leave the cluster (a local one, started by connect, stops with it)."""
+    try:
+        serve.delete(name)
+    finally:
+        ray.shutdown()
