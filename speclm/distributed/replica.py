@@ -28,6 +28,7 @@ from ray import serve
 from ..api import LLM
 from ..server.app import ServerState
 from ..server.schemas import APIError, _GenerationRequest, api_error
+from .cpus import assigned_threads
 from .directory import directory
 from .settings import ReplicaSpec
 from .speculator import locate_speculator
@@ -35,11 +36,6 @@ from .speculator import locate_speculator
 log = logging.getLogger("speclm.distributed")
 
 REPORT_EVERY_S = 1.0
-
-
-def assigned_threads() -> int:
-    """llama.cpp threads for this replica: the CPUs Ray assigned it (at least 1)."""
-    return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
 
 
 class EngineReplica:

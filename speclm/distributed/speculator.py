@@ -9,15 +9,16 @@ a lost actor; replicas find the speculator by name at every (re)start
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import ray
 
-from ..speculative.ssd.client import SpeculatorConfig
+from ..speculative.ssd.client import SpeculatorConfig, worker_command
+from .cpus import assigned_threads
 from .settings import NAMESPACE, SPECULATOR_RESOURCE
 
 NAME = "speclm-speculator"
@@ -33,13 +34,9 @@ class SpeculatorHost:
             s.bind((ip, 0))
             port = s.getsockname()[1]
         self.addr = f"tcp://{ip}:{port}"
-        cmd = [sys.executable, "-m", "speclm.speculative.ssd.worker", "--bind", self.addr, "--model", model,
-               "--n-ctx", str(cfg.n_ctx), "--max-sequences", str(cfg.max_sequences),
-               "--sessions", str(cfg.sessions), "--parent-pid", str(os.getpid()),
-               "--threads", str(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1))))]
-        if cfg.kernels:
-            cmd += ["--kernels", cfg.kernels]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(worker_command(model, dataclasses.replace(cfg, threads=assigned_threads()),
+                                                    self.addr),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         self.started = time.time()
 
     def address(self) -> str:

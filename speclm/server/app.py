@@ -46,7 +46,7 @@ from ..speculative.loop import context_problem
 from ..speculative.methods import get_method, priced_proposals
 from .config import ServerConfig
 from .access import Access
-from .http import check_model, http_app
+from .http import http_app
 from .prom import ServerMetrics
 from .tenants import SHARED, Tenants
 from .schemas import ParamError, _GenerationRequest, api_error
@@ -84,9 +84,6 @@ class ServerState:
                 "speclm": {"target": self.target_id, "lossless_against": self.target_id, "draft": self.draft_id,
                            "default_speculative": {"method": self.spec.method, "k": self.spec.effective_k},
                            "n_ctx": self.llm.target.n_ctx, "max_tokens_limit": self.config.max_tokens_limit}}
-
-    def check_model(self, model: str | None) -> None:
-        check_model(self.model_id, model)
 
     def submit(self, req: _GenerationRequest, tenant: str | None = None) -> RequestHandle:
         """Validate, tokenize and enqueue (blocking: run it in a worker thread);

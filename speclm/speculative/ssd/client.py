@@ -116,6 +116,21 @@ class SpeculatorConfig:
         return dataclasses.replace(self, n_ctx=n_ctx or self.n_ctx, sessions=s, max_sequences=seqs)
 
 
+def worker_command(model: str, cfg: SpeculatorConfig, bind: str) -> list[str]:
+    """The command line of a speculator worker for `model` placed by `cfg` (sized), bound
+    to `bind`, exiting when this process does."""
+    cmd = [sys.executable, "-m", "speclm.speculative.ssd.worker", "--bind", bind, "--model", model,
+           "--n-ctx", str(cfg.n_ctx), "--max-sequences", str(cfg.max_sequences),
+           "--sessions", str(cfg.sessions), "--parent-pid", str(os.getpid())]
+    if cfg.threads:
+        cmd += ["--threads", str(cfg.threads)]
+    if cfg.cores:
+        cmd += ["--cores", ",".join(map(str, cfg.cores))]
+    if cfg.kernels:
+        cmd += ["--kernels", cfg.kernels]
+    return cmd
+
+
 class SpeculatorProcess:
     """A speculator worker (spawned, or reached at cfg.addr) shared by all requests."""
 
@@ -140,15 +155,7 @@ class SpeculatorProcess:
     def _spawn(self) -> str:
         self._tmp = tempfile.TemporaryDirectory(prefix="speclm-ssd-")
         addr = f"ipc://{self._tmp.name}/speculator.sock"
-        cmd = [sys.executable, "-m", "speclm.speculative.ssd.worker", "--bind", addr, "--model", self.model,
-               "--n-ctx", str(self.cfg.n_ctx), "--max-sequences", str(self.cfg.max_sequences),
-               "--sessions", str(self.cfg.sessions), "--parent-pid", str(os.getpid())]
-        if self.cfg.threads:
-            cmd += ["--threads", str(self.cfg.threads)]
-        if self.cfg.cores:
-            cmd += ["--cores", ",".join(map(str, self.cfg.cores))]
-        if self.cfg.kernels:
-            cmd += ["--kernels", self.cfg.kernels]
+        cmd = worker_command(self.model, self.cfg, addr)
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=self._stderr)
