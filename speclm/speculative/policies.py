@@ -150,3 +150,9 @@ class RecentBias:
         self.delta += self.lr * (float(accepted) - self(c, group))
         self.delta = max(-self.bound, min(self.bound, self.delta))
         self.base.update(c, accepted, group)
+
+    def record_net(self, source: str | None, net_tokens: float) -> None:
+        self.base.record_net(source, net_tokens)
+
+    def losing(self, source: str | None) -> bool:
+        return self.base.losing(source)
