@@ -237,6 +237,7 @@ def test_bad_cache_sizes_are_rejected(make):
     (dict(spec_factor=0), "spec_factor"), (dict(spec_factor=-1.0), "spec_factor"),
     (dict(spec_factor=1e9), "spec_factor"), (dict(spec_offset=-1), "spec_offset"),
     (dict(min_prob=1.5), "min_prob"), (dict(max_candidates=0), "max_candidates"),
+    (dict(rematch="yes"), "rematch"), (dict(max_segments=0), "max_segments"),
 ])
 def test_bad_proposer_settings_are_rejected_naming_the_setting(kwargs, setting):
     with pytest.raises(InvalidRequestError, match=setting):
@@ -257,48 +258,56 @@ def _warm_cache(vocab: int, max_tokens: int, seed: int = 99) -> SuffixCache:
     return cache
 
 
-@pytest.mark.parametrize("with_controller", [False, True])
-def test_greedy_output_equals_plain_decoding_token_for_token(with_controller):
+REMATCH = SuffixConfig(rematch=True)
+
+
+@pytest.mark.parametrize("with_controller,config", [(False, None), (True, None), (False, REMATCH), (True, REMATCH)])
+def test_greedy_output_equals_plain_decoding_token_for_token(with_controller, config):
     target = ToyBackend(6, seed=3, order=2, sharpness=2.0)
     cache = _warm_cache(6, 2000)
-    params = SamplingParams(max_new_tokens=60)
+    params, spanned = SamplingParams(max_new_tokens=60), 0
     for prompt in ([0, 1, 2, 3], [5, 5, 4, 0, 1, 5, 5], [2]):
         ar = steps.generate(target, None, prompt, params, 0)
         ctrl = GoodputController(CostModel(verify_ms={b: 1.0 + 0.1 * b for b in range(1, 10)}), k_max=8,
                                  per_position=True) if with_controller else None
-        out = steps.generate(target, SuffixProposer(cache), prompt, params, 8, controller=ctrl)
+        out = steps.generate(target, SuffixProposer(cache, config), prompt, params, 8, controller=ctrl)
         assert out.token_ids == ar.token_ids
         assert out.summary.proposed > 0
+        spanned += sum(bool(r.info and r.info.get("segments")) for r in out.rounds)
+    assert (spanned > 0) == (config is REMATCH)
 
 
 VOCAB, N_TOKENS, N_SAMPLES, K = 4, 3, 8000, 3
 PROMPT = [0, 1, 2, 0, 1]
 
 
-@pytest.mark.parametrize("with_controller", [False, True])
-def test_sampled_output_has_the_target_distribution(with_controller):
+@pytest.mark.parametrize("with_controller,config", [(False, None), (True, None), (True, REMATCH)])
+def test_sampled_output_has_the_target_distribution(with_controller, config):
     """Temperature 1, top-p 0.8, drafts from a cache of an unlike model's text
     that keeps learning from every sample (and, with the controller, blocks
-    cut by calibrated estimates): the first tokens' empirical distribution is
-    the exact target distribution within the sample-size bound."""
+    cut by calibrated estimates; with rematch, drafts that go on from a new
+    match): the first tokens' empirical distribution is the exact target
+    distribution within the sample-size bound."""
     target = ToyBackend(VOCAB, seed=11, order=2, sharpness=1.2)
     params_kw = dict(temperature=1.0, top_p=0.8)
     exact = exact_distribution(target, PROMPT, SamplingParams(**params_kw), N_TOKENS)
     cache = _warm_cache(VOCAB, max_tokens=3000)
     # fixed costs under which some prefixes pay and some do not (weight 0: not re-measured)
     cost, calibration = CostModel(verify_ms={1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5}, weight=0.0), Calibration()
-    samples, accepted, rejected, cut_to_zero = [], 0, 0, 0
+    samples, accepted, rejected, cut_to_zero, spanned = [], 0, 0, 0, 0
     for _ in range(N_SAMPLES):
         params = SamplingParams(max_new_tokens=K + 2, **params_kw)  # unseeded: accepted with probability p(d)
         ctrl = GoodputController(cost, k_max=K, calibration=calibration, per_position=True) if with_controller else None
-        res = steps.generate(target, SuffixProposer(cache), PROMPT, params, K, controller=ctrl)
+        res = steps.generate(target, SuffixProposer(cache, config), PROMPT, params, K, controller=ctrl)
         samples.append(tuple(res.token_ids[:N_TOKENS]))
         accepted += res.summary.accepted
         rejected += sum(r.rejection_position is not None for r in res.rounds)
         cut_to_zero += sum(bool(r.info and r.info["drafted"] and not r.info["kept"]) for r in res.rounds)
+        spanned += sum(bool(r.info and r.info.get("segments")) for r in res.rounds)
     tv, bound = empirical_check(samples, exact)
     assert tv < bound, f"TV {tv:.4f} exceeds the sample-size bound {bound:.4f}"
     assert accepted > N_SAMPLES // 20 and rejected > N_SAMPLES // 20, (accepted, rejected)
     assert (cut_to_zero > N_SAMPLES // 20) == with_controller, cut_to_zero  # the controller really cut
+    assert (spanned > N_SAMPLES // 20) == (config is REMATCH), spanned  # drafts really went on from new matches
     if with_controller:  # the proposer named each draft's source: cache drafts were calibrated apart
         assert "cache" in {group[0] for group, _ in calibration.cells if isinstance(group, tuple)}

@@ -149,6 +149,15 @@ class Calibration:
             cell[2] = self.decay * cell[2] + float(accepted)
 
 
+def draft_groups(n: int, match_len: int | None, source: str | None,
+                 origins: tuple[tuple[str | None, int], ...] | None = None) -> list:
+    """The calibration group of each of a draft's first n tokens: token j's estimate rests
+    on a match of match_len + j tokens in `source`, or on its own origin's where given."""
+    if origins is not None:
+        return [match_group(m, src) for src, m in origins[:n]]
+    return [match_group(match_len + j if match_len else None, source) for j in range(n)]
+
+
 def smoothed_estimate(c: float, support: int) -> float:
     """A count-based estimate c = count / n, shrunk as if one more occurrence had
     disagreed: count / (n + 1). A continuation seen once (1/1) enters the
@@ -231,7 +240,7 @@ class GoodputController(Controller):
         if not self.per_position or draft.confidence is None:
             return len(draft)
         return self.choose_prefix(draft.confidence, draft.match_len, draft.support, draft.source,
-                                  tokens=draft.tokens, at=at)
+                                  tokens=draft.tokens, at=at, origins=draft.origins)
 
     def choose(self, k_cap: int) -> tuple[int, str]:
         cap = min(self.k_max, k_cap)
@@ -271,7 +280,8 @@ class GoodputController(Controller):
 
     def choose_prefix(self, confidence: list[float], match_len: int | None = None,
                       support: tuple[int, ...] | None = None, source: str | None = None,
-                      tokens: list[int] | None = None, at: int | None = None) -> int:
+                      tokens: list[int] | None = None, at: int | None = None,
+                      origins: tuple[tuple[str | None, int], ...] | None = None) -> int:
         """How many of the drafted tokens to verify: the m in 0..len(confidence)
         (≤ k_max) maximising E(m) / (v(m+1) + o) under the calibrated estimates
         (the draft is already paid for). match_len: the suffix match the draft
@@ -282,11 +292,13 @@ class GoodputController(Controller):
         from ("own", "cache"); each source is calibrated in cells of its own.
         tokens, at: the drafted tokens and the context length they continue. With
         them every drafted token is calibrated, verified or not, once the context
-        reaches its position (learn()); without them, the verified ones in observe()."""
+        reaches its position (learn()); without them, the verified ones in observe().
+        origins: per token (source, match length) of a draft that spans several
+        sources; each token is calibrated in its own origin's cells."""
         conf = confidence[:self.k_max]
         if support is not None:
             conf = [smoothed_estimate(c, n) for c, n in zip(conf, support)]
-        groups = [match_group(match_len + j if match_len else None, source) for j in range(len(conf))]
+        groups = draft_groups(len(conf), match_len, source, origins)
         cal = [self.calibration(c, g) for c, g in zip(conf, groups)]
         exp = expected_tokens(cal)
         rates = [(self.shared_expected + exp[m]) / (self.step_ms(m + 1) + self.cost.other_ms) for m in range(len(exp))]

@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..costs import CostModel
-from .controller import Calibration, GoodputController, match_group, matched_run, smoothed_estimate
+from .controller import Calibration, GoodputController, draft_groups, match_group, matched_run, smoothed_estimate
 
 
 def estimate_bucket(c: float) -> int:
@@ -85,13 +85,14 @@ class RunLengthController(GoodputController):
 
     def choose_prefix(self, confidence: list[float], match_len: int | None = None,
                       support: tuple[int, ...] | None = None, source: str | None = None,
-                      tokens: list[int] | None = None, at: int | None = None) -> int:
+                      tokens: list[int] | None = None, at: int | None = None,
+                      origins: tuple[tuple[str | None, int], ...] | None = None) -> int:
         conf = confidence[:self.k_max]
         if not conf or tokens is None or at is None:
-            return super().choose_prefix(confidence, match_len, support, source, tokens, at)
+            return super().choose_prefix(confidence, match_len, support, source, tokens, at, origins)
         smoothed = [smoothed_estimate(c, n) for c, n in zip(conf, support)] if support is not None else conf
         cell = (source, match_group(match_len), estimate_bucket(smoothed[0]))
-        groups = [match_group(match_len + j if match_len else None, source) for j in range(len(conf))]
+        groups = draft_groups(len(conf), match_len, source, origins)
         product, fallback = 1.0, []
         for c, g in zip(smoothed, groups):
             product *= self.calibration(c, g)

@@ -22,6 +22,9 @@ class Draft:
     support and source qualify those estimates for the controller's
     calibration: the match the draft continues, the occurrences each estimate
     was counted over, where the draft came from ("own", "cache", ...).
+    origins (optional, one per token) is (source, match length) where a draft
+    spans several sources: token i's estimate rests on that source's match of
+    that many tokens (without it, source and match_len + i for every token).
     """
 
     tokens: list[int] = field(default_factory=list)
@@ -30,6 +33,7 @@ class Draft:
     match_len: int | None = None
     support: tuple[int, ...] | None = None
     source: str | None = None
+    origins: tuple[tuple[str | None, int], ...] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

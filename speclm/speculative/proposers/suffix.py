@@ -20,14 +20,17 @@ import numpy as np
 
 from ...sampling import SamplingParams
 from .base import Draft, Proposer
-from .suffix_index import SuffixCache, SuffixConfig, SuffixIndex
+from .suffix_index import Match, SuffixCache, SuffixConfig, SuffixIndex
 
 
 class SuffixProposer(Proposer):
     """Drafts from the request's own context first, then the shared cache.
 
     Both sources are matched; the draft with the higher expected accepted
-    length wins, the own context on ties. Each draft carries its per-token
+    length wins, the own context on ties. With config.rematch, a draft whose
+    source runs out before k tokens goes on from a new match of the context
+    plus the draft so far (in either source), and names every token's origin
+    (its source and the match its estimate rests on). Each draft carries its per-token
     estimates, the match it continues and its source ("own", "cache", with
     "-first" for an answer's first draft, which continues the chat template's
     header whatever the request asks: run W17), so a controller can keep the
@@ -65,30 +68,49 @@ class SuffixProposer(Proposer):
         self._committed = False
         self._sync(context)
 
+    def _match(self, context: list[int], drafted: list[int], k: int, prob: float) -> tuple[Match, str | None]:
+        """The better source's draft of up to k tokens continuing context + drafted."""
+        cfg, query = self.config, context + drafted if drafted else context
+        best, source = self._own.draft(query, k, cfg, virtual=True, prob=prob, drafted=tuple(drafted)), "own"
+        if self.cache is not None and (best.expected < len(best.tokens) or len(best.tokens) < k):
+            other = self.cache.draft(query, k, cfg, prob=prob)
+            if other.expected > best.expected:
+                best, source = other, "cache"
+        return best, source if best.tokens else None
+
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:
         self._sync(context)
         self._info = None
         if k <= 0:
             return Draft()
-        cfg = self.config
-        best, source = self._own.draft(context, k, cfg, virtual=True), "own"
-        if self.cache is not None and (best.expected < len(best.tokens) or len(best.tokens) < k):
-            other = self.cache.draft(context, k, cfg)
-            if other.expected > best.expected:
-                best, source = other, "cache"
+        best, source = self._match(context, [], k, 1.0)
         self.counts["lookups"] += 1
-        if not best.tokens:
-            source = None
-            self.counts["misses"] += 1
-        else:
-            self.counts[f"{source}_hits"] += 1
-        first = len(context) == self._prompt_len
-        d = Draft(list(best.tokens), [None] * len(best.tokens), list(best.confidence), match_len=best.length,
-                  support=tuple(best.support), source=f"{source}-first" if first and source else source)
-        self.counts["drafted"] += len(best.tokens)
-        self._info = {"source": source, "match": best.length, "drafted": len(best.tokens),
-                      "expected": round(best.expected, 3)}
+        self.counts[f"{source}_hits" if source else "misses"] += 1
+        if source and len(context) == self._prompt_len:
+            source = f"{source}-first"
+        tokens, confidence, support = list(best.tokens), list(best.confidence), list(best.support)
+        origins = [(source, best.length + j) for j in range(len(tokens))]
+        segments = [source] if source else []
+        prob = float(np.prod(confidence)) if confidence else 1.0
+        while (self.config.rematch and tokens and len(tokens) < k and len(segments) < self.config.max_segments
+               and prob >= self.config.min_prob):
+            more, where = self._match(context, tokens, k - len(tokens), prob)
+            if where is None:
+                break
+            origins += [(where, more.length + j) for j in range(len(more.tokens))]
+            tokens += more.tokens
+            confidence += more.confidence
+            support += more.support
+            prob *= float(np.prod(more.confidence))
+            segments.append(where)
+        d = Draft(tokens, [None] * len(tokens), confidence, match_len=best.length, support=tuple(support),
+                  source=source, origins=tuple(origins) if len(segments) > 1 else None)
+        self.counts["drafted"] += len(tokens)
+        self._info = {"source": source and source.removesuffix("-first"), "match": best.length,
+                      "drafted": len(tokens), "expected": round(best.expected, 3)}
+        if len(segments) > 1:
+            self._info["segments"] = segments
         return d
 
     def round_info(self) -> dict | None:

@@ -42,6 +42,8 @@ class SuffixConfig:
     spec_factor, spec_offset: draft at most floor(spec_factor * match) + spec_offset tokens.
     min_prob: stop once the path's estimated probability (product of confidences) < min_prob.
     max_candidates: most recent occurrences of the matched suffix that are compared and counted.
+    rematch: a draft whose source runs out before k tokens goes on from a new match of the
+        context plus the draft (in any source), up to max_segments matches in all.
     """
 
     max_depth: int = option(32, "suffix decoding: longest context suffix matched", flag="--suffix-max-depth")
@@ -54,6 +56,12 @@ class SuffixConfig:
                                   "falls below this", flag="--suffix-min-prob")
     max_candidates: int = option(64, "suffix decoding: most recent occurrences of a match compared",
                                  cli=False)
+    rematch: bool = option(False, "suffix decoding: when the source a draft follows runs out (its budget or its "
+                                  "occurrences) before k tokens, match the context plus the draft again in every "
+                                  "source and go on from the best, so one draft may span several sources",
+                           flag="--suffix-rematch")
+    max_segments: int = option(4, "suffix decoding: most sources one draft may follow in turn (--suffix-rematch)",
+                               flag="--suffix-max-segments")
 
     def __post_init__(self) -> None:
         if not (is_int(self.max_depth) and 1 <= self.max_depth <= MAX_DEPTH):
@@ -70,6 +78,10 @@ class SuffixConfig:
             raise _bad("min_prob", "a probability in [0, 1]", p)
         if not (is_int(self.max_candidates) and 1 <= self.max_candidates <= 4096):
             raise _bad("max_candidates", "an integer in [1, 4096]", self.max_candidates)
+        if not isinstance(self.rematch, bool):
+            raise _bad("rematch", "true or false", self.rematch)
+        if not (is_int(self.max_segments) and 1 <= self.max_segments <= MAX_DEPTH):
+            raise _bad("max_segments", f"an integer in [1, {MAX_DEPTH}]", self.max_segments)
 
     def budget(self, match: int, k: int) -> int:
         """Tokens a match of this length may draft (at most k)."""
@@ -198,19 +210,23 @@ class SuffixIndex:
                 found.append(g)
         return best, found
 
-    def walk(self, positions: list[int], budget: int, min_prob: float, virtual: bool) -> Match:
+    def walk(self, positions: list[int], budget: int, min_prob: float, virtual: bool, prob: float = 1.0,
+             drafted: tuple[int, ...] = ()) -> Match:
         """Follow the most frequent next token from the given occurrences for up
         to `budget` steps; ties go to the most recent occurrence. With
         `virtual`, the stream continues into the draft itself (a repeat that
-        runs up to the end of the context keeps copying)."""
+        runs up to the end of the context keeps copying). prob, drafted: the
+        path probability and the tokens of the draft before this walk (the
+        virtual stream continues with them first)."""
         toks, base, limit = self.tokens, self.base, len(self.tokens)
         out: list[int] = []
+        ahead = list(drafted)  # the virtual stream beyond the context: earlier segments, then out
         conf: list[float] = []
         support: list[int] = []
         pos = [g - base for g in positions]
-        prob = 1.0
         while len(out) < budget and pos:
-            nxt = [toks[i] if i < limit else (out[i - limit] if virtual else SEP) for i in pos]
+            nxt = [toks[i] if i < limit else (ahead[i - limit] if virtual and i - limit < len(ahead) else SEP)
+                   for i in pos]
             counts: dict[int, int] = {}
             for t in nxt:
                 if t != SEP:
@@ -224,17 +240,21 @@ class SuffixIndex:
             if prob < min_prob:
                 break
             out.append(tok)
+            ahead.append(tok)
             conf.append(c)
             support.append(n)
             pos = [i + 1 for i, t in zip(pos, nxt) if t == tok]
         return Match(0, tuple(out), tuple(conf), tuple(support))
 
-    def draft(self, query: list[int], k: int, cfg: SuffixConfig, virtual: bool = False) -> Match:
+    def draft(self, query: list[int], k: int, cfg: SuffixConfig, virtual: bool = False, prob: float = 1.0,
+              drafted: tuple[int, ...] = ()) -> Match:
+        """The walk from the longest match of query's suffix (query ends with `drafted`, the
+        draft so far, when a draft goes on from a new match: suffix.SuffixProposer)."""
         length, positions = self.find(query, cfg.max_depth, cfg.max_candidates)
         budget = cfg.budget(length, k)
         if budget == 0:
             return Match(length)
-        m = self.walk(positions, budget, cfg.min_prob, virtual)
+        m = self.walk(positions, budget, cfg.min_prob, virtual, prob, drafted)
         m.length = length
         return m
 
@@ -278,12 +298,12 @@ class SuffixCache:
             self._tokens += len(tokens)
             self._added += 1
 
-    def draft(self, query: list[int], k: int, cfg: SuffixConfig) -> Match:
+    def draft(self, query: list[int], k: int, cfg: SuffixConfig, prob: float = 1.0) -> Match:
         """The best continuation of query in the cache (counted as a lookup)."""
         if self.max_tokens == 0:
             return Match()
         with self._lock:
-            m = self._index.draft(query, k, cfg)
+            m = self._index.draft(query, k, cfg, prob=prob)
             self._lookups += 1
             self._hits += bool(m.tokens)
             return m
