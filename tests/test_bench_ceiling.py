@@ -14,7 +14,7 @@ from speclm.bench.output.speculation import ceiling_section
 from speclm.costs import cost_ratios
 from speclm.sampling import SamplingParams
 from speclm.speculative.proposers.suffix import SuffixProposer
-from speclm.speculative.proposers.suffix_index import SuffixCache
+from speclm.speculative.proposers.suffix_index import SuffixCache, SuffixConfig
 
 FLAT = [0.0] + [1.0] * 20  # every block costs one decode step
 
@@ -105,6 +105,25 @@ def test_copy_ceiling_learns_across_a_categorys_requests_and_skips_other_records
     # rounds ending at 4, 12, 28, 30. The oracle takes 16 at once: rounds ending at 17 and 30.
     assert row["drafter_rounds"] == 30 + 4 and row["drafter_ceiling"] == pytest.approx(60 / 34)
     assert row["best_rounds"] == 30 + 2 and row["best_ceiling"] == pytest.approx(60 / 32)
+    # with rematch the draft goes on from the longer match the drafted tokens make: 16 at once
+    assert row["rematch_rounds"] == 30 + 2 and row["rematch_ceiling"] == pytest.approx(60 / 32)
+
+
+def test_a_rematch_draft_can_splice_sources_where_no_single_occurrence_runs_on():
+    """The scaffold 5 6 7 8 ends in an earlier request; the answer goes on as the prompt did after
+    7 8. No earlier occurrence of 6 runs on past 8, so the best single copy takes 2 tokens; the
+    rematch drafter takes 6 (the oracle bounds single-source drafts, not spliced ones)."""
+    cache = SuffixCache()
+    cache.add([5, 6, 7, 8])
+    prompt, output = [7, 8, 30, 31, 32, 33, 40, 5, 6], [7, 8, 30, 31, 32, 33]
+    history = "\0" + ceiling._chars([5, 6, 7, 8])
+    runs = {}
+    for name, cfg in (("single", SuffixConfig()), ("rematch", SuffixConfig(rematch=True))):
+        proposer = SuffixProposer(cache, cfg)
+        proposer.begin(prompt, SamplingParams(temperature=0.0))
+        runs[name] = ceiling.drafter_runs(proposer, prompt, output, k_max=16)[0]
+    assert runs == {"single": 2, "rematch": 6}
+    assert ceiling.best_occurrence_runs(history, prompt, output, k_max=16)[0] == 2
 
 
 def test_copy_ceiling_is_empty_without_greedy_ar_records():

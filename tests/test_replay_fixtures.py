@@ -16,12 +16,14 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 
 from speclm.backends.toy import ToyBackend
 from speclm.bench.analysis.ceiling import copy_ceiling, streams
 from speclm.bench.analysis.replays import replay_run
 from speclm.sampling import SamplingParams
 from speclm.speculative import steps
+from speclm.speculative.replay import POLICIES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "replay"
 BASELINE = FIXTURES / "baseline.json"
@@ -82,6 +84,21 @@ def test_auto_keeps_no_less_of_the_ceiling_than_its_baseline_on_every_recorded_r
 def test_the_toy_run_offers_a_ceiling_and_auto_keeps_part_of_it(tmp_path):
     shares = kept(toy_run(tmp_path / "toy"))
     assert 0.0 < shares["copy"] <= 1.0 and 0.0 < shares["overall"] <= 1.0
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policy_replays_the_toy_run(tmp_path, policy):
+    rows = replay_run(toy_run(tmp_path / "toy"), [policy])
+    assert [r["category"] for r in rows] == ["copy", "fresh"]
+    assert all(r["policy"] == policy and r["speedup"] > 0.5 and r["rounds"] > 0 for r in rows)
+
+
+def test_a_replay_with_rematch_is_measured_against_that_drafters_ceiling(tmp_path):
+    run = toy_run(tmp_path / "toy")
+    recorded_rows = {c["category"]: c for c in json.loads((run / "summary.json").read_text())["copy_ceiling"]}
+    for rematch, field in ((None, "drafter_ceiling"), (False, "drafter_ceiling"), (True, "rematch_ceiling")):
+        for r in replay_run(run, ["auto"], rematch=rematch):
+            assert r["ceiling"] == pytest.approx(recorded_rows[r["category"]][field]), (rematch, r["category"])
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -79,6 +79,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                     "would have reached and the share of the ceiling's gain it keeps.")
     r.add_argument("run_dir", metavar="RUN_DIR", help="a `speclm bench` output directory")
     r.add_argument("--policy", type=_names, default=["auto"], help="policies, comma-separated (default auto)")
+    r.add_argument("--suffix-rematch", choices=("on", "off"), default=None,
+                   help="replay with the suffix drafter's rematch on or off (default: as the run drafted); "
+                        "the kept share is then of that drafter's ceiling")
     add_json_option(r)
     r.set_defaults(func=cmd_replay)
     return b
@@ -87,7 +90,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
 def cmd_replay(args: argparse.Namespace) -> int:
     """`speclm bench replay RUN_DIR`."""
     from ..bench.analysis.replays import replay_run
-    rows = replay_run(Path(args.run_dir), args.policy)
+    rematch = None if args.suffix_rematch is None else args.suffix_rematch == "on"
+    rows = replay_run(Path(args.run_dir), args.policy, rematch=rematch)
     if args.json:
         print(json.dumps(rows))
         return 0

@@ -19,6 +19,10 @@ iq4_nl-pure's 8.1 and 6.5, run W21):
   itself, as the drafter's does) that turns out longest. The suffix
   drafter's draft is such a run (it follows occurrences of its matched suffix, at
   least one token), so this is what copying could give at best.
+- **rematch**: the drafter with `rematch` on (a draft whose source runs out goes
+  on from a new match of the context plus the draft, in any source: one draft
+  can follow the answer from the document to earlier outputs and back), so its
+  gain over the run's drafter is measured beside the best occurrence.
 
 A perfect controller knows r at every position and picks each round's K (0..r)
 to finish the output at the least cost, a round of K accepted tokens costing
@@ -129,38 +133,45 @@ def timing_context(records: Sequence[dict], prompt_ids: dict[tuple[str, int], li
     return (longest * (1 + n // len(longest)))[:max(1, n)]
 
 
+def drafter_ceiling(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]], k_max: int,
+                    suffix: SuffixConfig) -> dict[str, tuple[float, int]]:
+    """Per category (run order): (least cost in v(1) units, rounds) of the suffix drafter with these
+    settings over `streams` (run order, one cache shared by all, as the LLM's is)."""
+    cache, out = SuffixCache(), {}
+    for s in streams:
+        proposer = SuffixProposer(cache, suffix)
+        proposer.begin(s.prompt, SamplingParams(temperature=0.0))
+        c, n = least_cost(drafter_runs(proposer, s.prompt, s.output, k_max), cost_ratios(curves[s.category], k_max))
+        proposer.close()
+        total = out.get(s.category, (0.0, 0))
+        out[s.category] = (total[0] + c, total[1] + n)
+    return out
+
+
 def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]],
                  curves: Mapping[str, dict[int, float]], *, k_max: int = 16,
                  suffix: SuffixConfig | None = None, methods: Sequence[str] = ()) -> list[dict]:
     """One row per category (run order) from one target's greedy_ar records (run order).
     prompt_ids: (category, index) -> the ids the run encoded; curves: category -> v(b) in ms.
-    `methods`: the run's methods that draft by suffix (the report compares them)."""
-    cache, history, rows = SuffixCache(), "", []
-    for cat in dict.fromkeys(r["category"] for r in ar):
-        ratio = cost_ratios(curves[cat], k_max)
-        tokens, mine, best = 0, [0.0, 0], [0.0, 0]  # output tokens; (least cost, rounds) per drafter
-        for r in (r for r in ar if r["category"] == cat):
-            prompt, output = prompt_ids[(cat, r["prompt_index"])], list(r["token_ids"])
-            if not output:
-                continue
-            proposer = SuffixProposer(cache, suffix or SuffixConfig())
-            proposer.begin(prompt, SamplingParams(temperature=0.0))
-            for total, runs in ((mine, drafter_runs(proposer, prompt, output, k_max)),
-                                (best, best_occurrence_runs(history, prompt, output, k_max))):
-                c, n = least_cost(runs, ratio)
-                total[0] += c
-                total[1] += n
-            proposer.close()
-            history += "\0" + _chars(prompt) + _chars(output)
-            tokens += len(output)
-        if not tokens:
-            continue
-        rows.append({"category": cat, "target_name": ar[0].get("target_name"),
-                     "max_new_tokens": ar[0]["max_new_tokens"], "k_max": k_max, "tokens": tokens,
-                     "methods": list(methods), "v_ms": {str(b): round(ms, 2) for b, ms in curves[cat].items()},
-                     "suffix": dataclasses.asdict(suffix or SuffixConfig()),
-                     "drafter_rounds": mine[1], "drafter_tokens_per_round": tokens / mine[1],
-                     "drafter_ceiling": tokens / mine[0],
-                     "best_rounds": best[1], "best_tokens_per_round": tokens / best[1],
-                     "best_ceiling": tokens / best[0]})
-    return rows
+    `methods`: the run's methods that draft by suffix (the report compares them). Beside the
+    run's drafter, the same drafter with rematch on (a draft may go on from another source)."""
+    suffix = suffix or SuffixConfig()
+    runs = streams(ar, prompt_ids)
+    mine = drafter_ceiling(runs, curves, k_max, suffix)
+    multi = drafter_ceiling(runs, curves, k_max, dataclasses.replace(suffix, rematch=True))
+    history, best, tokens = "", {}, {}
+    for s in runs:
+        c, n = least_cost(best_occurrence_runs(history, s.prompt, s.output, k_max), cost_ratios(curves[s.category], k_max))
+        total = best.get(s.category, (0.0, 0))
+        best[s.category] = (total[0] + c, total[1] + n)
+        tokens[s.category] = tokens.get(s.category, 0) + len(s.output)
+        history += "\0" + _chars(s.prompt) + _chars(s.output)
+    return [{"category": cat, "target_name": ar[0].get("target_name"),
+             "max_new_tokens": ar[0]["max_new_tokens"], "k_max": k_max, "tokens": n,
+             "methods": list(methods), "v_ms": {str(b): round(ms, 2) for b, ms in curves[cat].items()},
+             "suffix": dataclasses.asdict(suffix),
+             "drafter_rounds": mine[cat][1], "drafter_tokens_per_round": n / mine[cat][1],
+             "drafter_ceiling": n / mine[cat][0],
+             "rematch_rounds": multi[cat][1], "rematch_ceiling": n / multi[cat][0],
+             "best_rounds": best[cat][1], "best_tokens_per_round": n / best[cat][1],
+             "best_ceiling": n / best[cat][0]} for cat, n in tokens.items()]

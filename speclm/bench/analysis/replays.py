@@ -7,12 +7,14 @@ ceiling's gain it keeps. docs/bench.md#replay.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from ...errors import InvalidRequestError
 from ...speculative.proposers.suffix_index import SuffixConfig
 from ...speculative.replay import POLICIES, Stream, replay
+from .ceiling import drafter_ceiling
 
 
 def load_run(run_dir: Path) -> tuple[dict[str, list[Stream]], list[dict]]:
@@ -29,8 +31,10 @@ def load_run(run_dir: Path) -> tuple[dict[str, list[Stream]], list[dict]]:
     return by_target, json.loads(summary_file.read_text(encoding="utf-8")).get("copy_ceiling", [])
 
 
-def replay_run(run_dir: Path, policies: list[str]) -> list[dict]:
-    """One row per target, category and policy: speedup, kept share of the ceiling, rounds."""
+def replay_run(run_dir: Path, policies: list[str], rematch: bool | None = None) -> list[dict]:
+    """One row per target, category and policy: speedup, kept share of the ceiling, rounds.
+    rematch: replay with the suffix drafter's rematch set so (None: as the run drafted); the
+    ceiling is then that drafter's, computed from the run's streams."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise InvalidRequestError(f"unknown policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
@@ -40,10 +44,15 @@ def replay_run(run_dir: Path, policies: list[str]) -> list[dict]:
         mine = {c["category"]: c for c in ceilings if c.get("target_name") == target}
         curves = {cat: {int(b): ms for b, ms in c["v_ms"].items()} for cat, c in mine.items()}
         first = next(iter(mine.values()))
-        suffix = SuffixConfig(**first["suffix"]) if "suffix" in first else None  # runs before the field: defaults
+        recorded = SuffixConfig(**first["suffix"]) if "suffix" in first else SuffixConfig()  # older runs: defaults
+        suffix = recorded if rematch is None else dataclasses.replace(recorded, rematch=rematch)
+        ceilings = {cat: c["drafter_ceiling"] for cat, c in mine.items()}
+        if suffix != recorded:
+            ceilings = {cat: sum(len(s.output) for s in streams if s.category == cat) / cost for cat, (cost, _)
+                        in drafter_ceiling(streams, curves, first["k_max"], suffix).items()}
         for policy in policies:
             for r in replay(streams, curves, policy=POLICIES[policy], k_max=first["k_max"], suffix=suffix):
-                ceiling = mine[r.category]["drafter_ceiling"]
+                ceiling = ceilings[r.category]
                 rows.append({"target_name": target, "category": r.category, "policy": policy,
                              "speedup": r.speedup, "kept_share": r.kept_share(ceiling), "ceiling": ceiling,
                              "best_ceiling": mine[r.category]["best_ceiling"], "rounds": r.rounds,
