@@ -14,6 +14,7 @@ from speclm.speculative import steps
 from speclm.speculative.controller import Calibration, Controller, GoodputController
 from speclm.speculative.proposers.suffix import SuffixProposer
 from speclm.speculative.proposers.suffix_index import SuffixCache
+from speclm.speculative.policies import KnownCells
 from speclm.speculative.replay import Stream, replay
 
 CURVE = {1: 10.0, 2: 12.0, 4: 15.0, 8: 22.0, 16: 40.0, 17: 43.0}
@@ -91,3 +92,15 @@ def test_the_run_length_policy_replays_every_request_to_its_recorded_output():
     (auto,) = replay(streams, {"toy": CURVE})
     (runs,) = replay(streams, {"toy": CURVE}, policy=POLICIES["runlength"])
     assert runs.tokens == auto.tokens and runs.accepted > 0 and runs.speedup > 1.0
+
+
+def test_known_cells_answer_each_cell_with_its_counted_rate_and_learn_nothing():
+    learnt = Calibration(decay=1.0)
+    for ok in (True, True, True, False):
+        learnt.update(0.5, ok, ("own", 2))
+    known = KnownCells(learnt)
+    assert known(0.5, ("own", 2)) == pytest.approx(0.75)
+    assert known(0.5, ("cache", 2)) == 0.5  # a cell never seen: the estimate as it is
+    known.update(0.5, False, ("own", 2))
+    known.record_net("own", -10.0)
+    assert known(0.5, ("own", 2)) == pytest.approx(0.75) and not known.losing("own")

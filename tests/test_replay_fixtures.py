@@ -23,7 +23,7 @@ from speclm.bench.analysis.ceiling import copy_ceiling, streams
 from speclm.bench.analysis.replays import replay_run
 from speclm.sampling import SamplingParams
 from speclm.speculative import steps
-from speclm.speculative.replay import POLICIES
+from speclm.speculative.replay import BOUNDS, POLICIES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "replay"
 BASELINE = FIXTURES / "baseline.json"
@@ -61,9 +61,12 @@ def recorded(tmp: Path) -> dict[str, Path]:
 
 
 def kept(run_dir: Path, policy: str = "auto") -> dict[str, float]:
-    """Per category kept share, and 'overall': Σ cost saved / Σ cost the ceiling saves."""
+    """Per category (per target and category in a run of several targets) kept share, and
+    'overall': Σ cost saved / Σ cost the ceiling saves."""
     rows = replay_run(run_dir, [policy])
-    out = {r["category"]: r["kept_share"] for r in rows if r["kept_share"] is not None}
+    several = len({r["target_name"] for r in rows}) > 1  # then each category is named with its target
+    out = {(f"{r['target_name']}/" if several else "") + r["category"]: r["kept_share"]
+           for r in rows if r["kept_share"] is not None}
     saved = sum(r["tokens"] - r["tokens"] / r["speedup"] for r in rows)
     ceiling_saved = sum(r["tokens"] - r["tokens"] / r["ceiling"] for r in rows)
     out["overall"] = saved / ceiling_saved if ceiling_saved > 0 else 0.0
@@ -86,7 +89,7 @@ def test_the_toy_run_offers_a_ceiling_and_auto_keeps_part_of_it(tmp_path):
     assert 0.0 < shares["copy"] <= 1.0 and 0.0 < shares["overall"] <= 1.0
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted([*POLICIES, *BOUNDS]))
 def test_every_policy_replays_the_toy_run(tmp_path, policy):
     rows = replay_run(toy_run(tmp_path / "toy"), [policy])
     assert [r["category"] for r in rows] == ["copy", "fresh"]
@@ -99,6 +102,18 @@ def test_a_replay_with_rematch_is_measured_against_that_drafters_ceiling(tmp_pat
     for rematch, field in ((None, "drafter_ceiling"), (False, "drafter_ceiling"), (True, "rematch_ceiling")):
         for r in replay_run(run, ["auto"], rematch=rematch):
             assert r["ceiling"] == pytest.approx(recorded_rows[r["category"]][field]), (rematch, r["category"])
+
+
+def test_a_run_of_two_targets_replays_each_against_its_own_ceilings(tmp_path):
+    run = toy_run(tmp_path / "toy")
+    rows = json.loads((run / "summary.json").read_text())["copy_ceiling"]
+    streams_text = (run / "streams.jsonl").read_text()
+    (run / "summary.json").write_text(json.dumps({"copy_ceiling": rows + [{**r, "target_name": "toy2"} for r in rows]}))
+    (run / "streams.jsonl").write_text(streams_text + streams_text.replace('"target_name": "toy"', '"target_name": "toy2"'))
+    for rematch in (None, True):
+        out = replay_run(run, ["auto"], rematch=rematch)
+        assert [r["target_name"] for r in out] == ["toy"] * 2 + ["toy2"] * 2
+        assert [r["speedup"] for r in out[:2]] == [r["speedup"] for r in out[2:]]
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

@@ -157,3 +157,27 @@ class RecentBias:
 
     def losing(self, source: str | None) -> bool:
         return self.base.losing(source)
+
+
+class KnownCells:
+    """`known-cells` (a bound for analysis, not a controller): every calibration cell
+    answers with the acceptance rate a whole replay observed in it, counted in
+    advance (`learnt`, a Calibration with decay 1), and learns nothing more; no
+    loss guard. What auto's rule would keep if its calibration were exact in its
+    own cells (speculative/replay.known_cells)."""
+
+    def __init__(self, learnt: Calibration):
+        self.learnt = learnt
+
+    def __call__(self, c: float, group: int | tuple[str, int] = 0) -> float:
+        seen, _, accepted = self.learnt.cells.get((group, self.learnt.bucket(c)), (0.0, 0.0, 0.0))
+        return accepted / seen if seen else c
+
+    def update(self, c: float, accepted: bool, group: int | tuple[str, int] = 0) -> None:
+        """Known in advance: nothing to learn."""
+
+    def record_net(self, source: str | None, net_tokens: float) -> None:
+        """No loss guard."""
+
+    def losing(self, source: str | None) -> bool:
+        return False

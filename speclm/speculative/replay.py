@@ -23,7 +23,7 @@ from ..costs import CostModel, cost_ratios
 from ..sampling import SamplingParams
 from .controller import Calibration, Controller, GoodputController
 from .proposers.suffix import SuffixProposer
-from .policies import RecentBias, RunLengths, RunLengthController
+from .policies import KnownCells, RecentBias, RunLengths, RunLengthController
 from .proposers.suffix_index import SuffixCache, SuffixConfig
 from .steps import generate
 
@@ -90,14 +90,15 @@ POLICIES: dict[str, Policy] = {"auto": goodput, "runlength": runlength, "recent"
 
 def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], policy: Policy = goodput,
            k_max: int = 16, suffix: SuffixConfig | None = None, cache_tokens: int = 100_000,
-           keep_ks: bool = False) -> list[Replayed]:
+           keep_ks: bool = False, calibration: Calibration | None = None) -> list[Replayed]:
     """One Replayed per category (in run order). curves: category -> v(b) in ms, the
-    costs the controller sees (fixed: it learns acceptance, not timing, here)."""
+    costs the controller sees (fixed: it learns acceptance, not timing, here).
+    calibration: the one every request shares (default: a fresh one)."""
     ids = sorted({t for s in streams for t in (*s.prompt, *s.output)})
     compact = {t: i for i, t in enumerate(ids)}  # equal ids stay equal: drafts and estimates are unchanged
     backend = RecordedBackend(len(ids) + 1, eos_id=len(ids))
     cache = SuffixCache(cache_tokens) if cache_tokens else None
-    calibration, shared = Calibration(), {}
+    calibration, shared = (calibration if calibration is not None else Calibration()), {}
     out: dict[str, Replayed] = {}
     for s in streams:
         row = out.setdefault(s.category, Replayed(s.category, ks=[] if keep_ks else None))
@@ -121,3 +122,19 @@ def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], polic
             if row.ks is not None:
                 row.ks.append(r.proposed)
     return list(out.values())
+
+
+def known_cells(streams: Sequence[Stream], curves: dict[str, dict[int, float]], k_max: int = 16,
+                suffix: SuffixConfig | None = None) -> list[Replayed]:
+    """`--policy known-cells`, a bound: auto's controller with every calibration cell set in
+    advance to the acceptance rate a first replay of auto observed in it over the whole run
+    (policies.KnownCells). A controller of auto's kind, with these features, keeps about this
+    much at best; what the ceiling holds beyond it takes knowing more than the cells do."""
+    counted = Calibration(decay=1.0)
+    replay(streams, curves, goodput, k_max, suffix, calibration=counted)
+    known = KnownCells(counted)
+    return replay(streams, curves, lambda cost, _, k, __: GoodputController(cost, k_max=k, calibration=known,
+                                                                             per_position=True), k_max, suffix)
+
+
+BOUNDS = {"known-cells": known_cells}  # for --policy: analyses that read the run's outcomes in advance

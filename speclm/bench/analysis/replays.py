@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...errors import InvalidRequestError
 from ...speculative.proposers.suffix_index import SuffixConfig
-from ...speculative.replay import POLICIES, Stream, replay
+from ...speculative.replay import BOUNDS, POLICIES, Stream, replay
 from .ceiling import drafter_ceiling
 
 
@@ -35,9 +35,9 @@ def replay_run(run_dir: Path, policies: list[str], rematch: bool | None = None) 
     """One row per target, category and policy: speedup, kept share of the ceiling, rounds.
     rematch: replay with the suffix drafter's rematch set so (None: as the run drafted); the
     ceiling is then that drafter's, computed from the run's streams."""
-    unknown = [p for p in policies if p not in POLICIES]
+    unknown = [p for p in policies if p not in POLICIES and p not in BOUNDS]
     if unknown:
-        raise InvalidRequestError(f"unknown policy {', '.join(unknown)}: choose from {', '.join(POLICIES)}")
+        raise InvalidRequestError(f"unknown policy {', '.join(unknown)}: choose from {', '.join([*POLICIES, *BOUNDS])}")
     by_target, ceilings = load_run(run_dir)
     rows = []
     for target, streams in by_target.items():
@@ -46,13 +46,15 @@ def replay_run(run_dir: Path, policies: list[str], rematch: bool | None = None) 
         first = next(iter(mine.values()))
         recorded = SuffixConfig(**first["suffix"]) if "suffix" in first else SuffixConfig()  # older runs: defaults
         suffix = recorded if rematch is None else dataclasses.replace(recorded, rematch=rematch)
-        ceilings = {cat: c["drafter_ceiling"] for cat, c in mine.items()}
+        ceiling_of = {cat: c["drafter_ceiling"] for cat, c in mine.items()}
         if suffix != recorded:
-            ceilings = {cat: sum(len(s.output) for s in streams if s.category == cat) / cost for cat, (cost, _)
+            ceiling_of = {cat: sum(len(s.output) for s in streams if s.category == cat) / cost for cat, (cost, _)
                         in drafter_ceiling(streams, curves, first["k_max"], suffix).items()}
         for policy in policies:
-            for r in replay(streams, curves, policy=POLICIES[policy], k_max=first["k_max"], suffix=suffix):
-                ceiling = ceilings[r.category]
+            replayed = (BOUNDS[policy](streams, curves, first["k_max"], suffix) if policy in BOUNDS else
+                        replay(streams, curves, policy=POLICIES[policy], k_max=first["k_max"], suffix=suffix))
+            for r in replayed:
+                ceiling = ceiling_of[r.category]
                 rows.append({"target_name": target, "category": r.category, "policy": policy,
                              "speedup": r.speedup, "kept_share": r.kept_share(ceiling), "ceiling": ceiling,
                              "best_ceiling": mine[r.category]["best_ceiling"], "rounds": r.rounds,
