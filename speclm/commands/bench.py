@@ -78,8 +78,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                     "policies at the run's own cost curves, and print per category the decode-only speedup each "
                     "would have reached and the share of the ceiling's gain it keeps.")
     r.add_argument("run_dir", metavar="RUN_DIR", help="a `speclm bench` output directory")
-    r.add_argument("--policy", type=_names, default=["auto"], help="policies, comma-separated (default auto): auto, runlength, recent, "
-                   "or known-cells (a bound: auto with its calibration known in advance)")
+    r.add_argument("--policy", type=_names, default=["auto"],
+                   help="policies, comma-separated (default auto): auto, runlength, recent, "
+                        "or known-cells (a bound: auto with its calibration known in advance)")
     r.add_argument("--suffix-rematch", choices=("on", "off"), default=None,
                    help="replay with the suffix drafter's rematch on or off (default: as the run drafted); "
                         "the kept share is then of that drafter's ceiling")

@@ -161,7 +161,8 @@ def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]
     multi = drafter_ceiling(runs, curves, k_max, dataclasses.replace(suffix, rematch=True))
     history, best, tokens = "", {}, {}
     for s in runs:
-        c, n = least_cost(best_occurrence_runs(history, s.prompt, s.output, k_max), cost_ratios(curves[s.category], k_max))
+        runs_at = best_occurrence_runs(history, s.prompt, s.output, k_max)
+        c, n = least_cost(runs_at, cost_ratios(curves[s.category], k_max))
         total = best.get(s.category, (0.0, 0))
         best[s.category] = (total[0] + c, total[1] + n)
         tokens[s.category] = tokens.get(s.category, 0) + len(s.output)
