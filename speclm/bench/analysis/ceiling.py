@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ...costs import cost_ratios
 from ...sampling import SamplingParams
@@ -133,19 +133,60 @@ def timing_context(records: Sequence[dict], prompt_ids: dict[tuple[str, int], li
     return (longest * (1 + n // len(longest)))[:max(1, n)]
 
 
-def drafter_ceiling(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]], k_max: int,
-                    suffix: SuffixConfig) -> dict[str, tuple[float, int]]:
-    """Per category (run order): (least cost in v(1) units, rounds) of the suffix drafter with these
-    settings over `streams` (run order, one cache shared by all, as the LLM's is)."""
-    cache, out = SuffixCache(), {}
+@dataclasses.dataclass
+class Totals:
+    """One category's output tokens, and the least cost (in v(1) units) and rounds a perfect
+    controller needs to emit them with one drafter's runs."""
+
+    tokens: int = 0
+    cost: float = 0.0
+    rounds: int = 0
+
+    @property
+    def ceiling(self) -> float:
+        return self.tokens / self.cost
+
+
+def least_costs(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]], k_max: int,
+                runs_of: Callable[[Stream], list[int]]) -> dict[str, Totals]:
+    """Per category (run order): Totals over `streams` (run order) with runs_of(stream), each
+    stream's accepted run at every position; runs_of sees the streams in order."""
+    ratios = {cat: cost_ratios(curve, k_max) for cat, curve in curves.items()}
+    out: dict[str, Totals] = {}
     for s in streams:
+        cost, rounds = least_cost(runs_of(s), ratios[s.category])
+        total = out.setdefault(s.category, Totals())
+        total.tokens += len(s.output)
+        total.cost += cost
+        total.rounds += rounds
+    return out
+
+
+def drafter_ceiling(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]], k_max: int,
+                    suffix: SuffixConfig) -> dict[str, Totals]:
+    """least_costs of the suffix drafter with these settings (one cache shared by all the
+    streams, as the LLM's is)."""
+    cache = SuffixCache()
+
+    def runs_of(s: Stream) -> list[int]:
         proposer = SuffixProposer(cache, suffix)
         proposer.begin(s.prompt, SamplingParams(temperature=0.0))
-        c, n = least_cost(drafter_runs(proposer, s.prompt, s.output, k_max), cost_ratios(curves[s.category], k_max))
+        runs = drafter_runs(proposer, s.prompt, s.output, k_max)
         proposer.close()
-        total = out.get(s.category, (0.0, 0))
-        out[s.category] = (total[0] + c, total[1] + n)
-    return out
+        return runs
+    return least_costs(streams, curves, k_max, runs_of)
+
+
+def best_ceiling(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]], k_max: int) -> dict[str, Totals]:
+    """least_costs of the best-occurrence oracle over the streams' earlier prompts and outputs."""
+    history = ""
+
+    def runs_of(s: Stream) -> list[int]:
+        nonlocal history
+        runs = best_occurrence_runs(history, s.prompt, s.output, k_max)
+        history += "\0" + _chars(s.prompt) + _chars(s.output)
+        return runs
+    return least_costs(streams, curves, k_max, runs_of)
 
 
 def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]],
@@ -159,20 +200,13 @@ def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]
     runs = streams(ar, prompt_ids)
     mine = drafter_ceiling(runs, curves, k_max, suffix)
     multi = drafter_ceiling(runs, curves, k_max, dataclasses.replace(suffix, rematch=True))
-    history, best, tokens = "", {}, {}
-    for s in runs:
-        runs_at = best_occurrence_runs(history, s.prompt, s.output, k_max)
-        c, n = least_cost(runs_at, cost_ratios(curves[s.category], k_max))
-        total = best.get(s.category, (0.0, 0))
-        best[s.category] = (total[0] + c, total[1] + n)
-        tokens[s.category] = tokens.get(s.category, 0) + len(s.output)
-        history += "\0" + _chars(s.prompt) + _chars(s.output)
+    best = best_ceiling(runs, curves, k_max)
     return [{"category": cat, "target_name": ar[0].get("target_name"),
-             "max_new_tokens": ar[0]["max_new_tokens"], "k_max": k_max, "tokens": n,
+             "max_new_tokens": ar[0]["max_new_tokens"], "k_max": k_max, "tokens": t.tokens,
              "methods": list(methods), "v_ms": {str(b): round(ms, 2) for b, ms in curves[cat].items()},
              "suffix": dataclasses.asdict(suffix),
-             "drafter_rounds": mine[cat][1], "drafter_tokens_per_round": n / mine[cat][1],
-             "drafter_ceiling": n / mine[cat][0],
-             "rematch_rounds": multi[cat][1], "rematch_ceiling": n / multi[cat][0],
-             "best_rounds": best[cat][1], "best_tokens_per_round": n / best[cat][1],
-             "best_ceiling": n / best[cat][0]} for cat, n in tokens.items()]
+             "drafter_rounds": t.rounds, "drafter_tokens_per_round": t.tokens / t.rounds,
+             "drafter_ceiling": t.ceiling,
+             "rematch_rounds": multi[cat].rounds, "rematch_ceiling": multi[cat].ceiling,
+             "best_rounds": best[cat].rounds, "best_tokens_per_round": t.tokens / best[cat].rounds,
+             "best_ceiling": best[cat].ceiling} for cat, t in mine.items()]

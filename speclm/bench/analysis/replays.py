@@ -48,8 +48,7 @@ def replay_run(run_dir: Path, policies: list[str], rematch: bool | None = None) 
         suffix = recorded if rematch is None else dataclasses.replace(recorded, rematch=rematch)
         ceiling_of = {cat: c["drafter_ceiling"] for cat, c in mine.items()}
         if suffix != recorded:
-            ceiling_of = {cat: sum(len(s.output) for s in streams if s.category == cat) / cost for cat, (cost, _)
-                        in drafter_ceiling(streams, curves, first["k_max"], suffix).items()}
+            ceiling_of = {cat: t.ceiling for cat, t in drafter_ceiling(streams, curves, first["k_max"], suffix).items()}
         for policy in policies:
             replayed = (BOUNDS[policy](streams, curves, first["k_max"], suffix) if policy in BOUNDS else
                         replay(streams, curves, policy=POLICIES[policy], k_max=first["k_max"], suffix=suffix))

@@ -87,12 +87,11 @@ class SuffixProposer(Proposer):
         best, source = self._match(context, [], k, 1.0)
         self.counts["lookups"] += 1
         self.counts[f"{source}_hits" if source else "misses"] += 1
-        if source and len(context) == self._prompt_len:
-            source = f"{source}-first"
+        first = f"{source}-first" if source and len(context) == self._prompt_len else source
         tokens, confidence, support = list(best.tokens), list(best.confidence), list(best.support)
-        origins = [(source, best.length + j) for j in range(len(tokens))]
-        segments = [source] if source else []
-        prob = float(np.prod(confidence)) if confidence else 1.0
+        segments = [first] if source else []
+        origins = [(first, best.length + j) for j in range(len(tokens))] if self.config.rematch else []
+        prob = float(np.prod(confidence)) if self.config.rematch else 1.0
         while (self.config.rematch and tokens and len(tokens) < k and len(segments) < self.config.max_segments
                and prob >= self.config.min_prob):
             more, where = self._match(context, tokens, k - len(tokens), prob)
@@ -105,10 +104,10 @@ class SuffixProposer(Proposer):
             prob *= float(np.prod(more.confidence))
             segments.append(where)
         d = Draft(tokens, [None] * len(tokens), confidence, match_len=best.length, support=tuple(support),
-                  source=source, origins=tuple(origins) if len(segments) > 1 else None)
+                  source=first, origins=tuple(origins) if len(segments) > 1 else None)
         self.counts["drafted"] += len(tokens)
-        self._info = {"source": source and source.removesuffix("-first"), "match": best.length,
-                      "drafted": len(tokens), "expected": round(best.expected, 3)}
+        self._info = {"source": source, "match": best.length, "drafted": len(tokens),
+                      "expected": round(best.expected, 3)}
         if len(segments) > 1:
             self._info["segments"] = segments
         return d

@@ -219,14 +219,13 @@ class SuffixIndex:
         path probability and the tokens of the draft before this walk (the
         virtual stream continues with them first)."""
         toks, base, limit = self.tokens, self.base, len(self.tokens)
-        out: list[int] = []
-        ahead = list(drafted)  # the virtual stream beyond the context: earlier segments, then out
+        ahead = len(drafted)
+        out = list(drafted)  # the virtual stream beyond the context: the draft before this walk, then its tokens
         conf: list[float] = []
         support: list[int] = []
         pos = [g - base for g in positions]
-        while len(out) < budget and pos:
-            nxt = [toks[i] if i < limit else (ahead[i - limit] if virtual and i - limit < len(ahead) else SEP)
-                   for i in pos]
+        while len(out) - ahead < budget and pos:
+            nxt = [toks[i] if i < limit else (out[i - limit] if virtual else SEP) for i in pos]
             counts: dict[int, int] = {}
             for t in nxt:
                 if t != SEP:
@@ -240,11 +239,10 @@ class SuffixIndex:
             if prob < min_prob:
                 break
             out.append(tok)
-            ahead.append(tok)
             conf.append(c)
             support.append(n)
             pos = [i + 1 for i, t in zip(pos, nxt) if t == tok]
-        return Match(0, tuple(out), tuple(conf), tuple(support))
+        return Match(0, tuple(out[ahead:]), tuple(conf), tuple(support))
 
     def draft(self, query: list[int], k: int, cfg: SuffixConfig, virtual: bool = False, prob: float = 1.0,
               drafted: tuple[int, ...] = ()) -> Match:
