@@ -2,7 +2,8 @@
 
 v(b) is the time of one target forward over b rows. It is timed here and only
 here (`time_blocks`, `time_curve`, `calibrate`), with the context length and
-the statistic named at each call; a round drafting K tokens costs
+the statistic named at each call, or read from a run's own forwards
+(`observed_curve`); a round drafting K tokens costs
 c·K + v(K+1) + o (`round_cost`) and emits E(K) tokens in expectation
 (`expected_emitted`, or `expected_tokens` from per-token estimates). The
 controller, the kernel probe, the bench's ceiling, sweep and projection and
@@ -12,8 +13,9 @@ controller, the kernel probe, the bench's ceiling, sweep and projection and
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -223,6 +225,32 @@ def expected_tokens(confidence: list[float]) -> list[float]:
         prob *= c
         out.append(out[-1] + prob)
     return out
+
+
+MIN_FORWARDS = 8  # a block size's observed median stands in for its timed v(b) from this many forwards
+
+
+def observed_curve(timed: dict[int, float], forwards: Iterable[tuple[int, float]]
+                   ) -> tuple[dict[int, float], dict[int, int]]:
+    """The curve a run's own forwards measured, (v(b) in ms, forwards counted per b).
+    forwards: (rows, ms) of single-pass forwards, at the contexts and moments the requests
+    ran them. A size run at least MIN_FORWARDS times is priced at its median; any other size
+    at its timed v(b) times the observed/timed ratio of the nearest size that was (the
+    smaller on a tie), or as timed when none was: a run that ran one size often keeps the
+    timed curve's shape. A curve timed in one sitting can miss the run's costs by a slow
+    minute (run R33, extract: v(1) timed 56.0 ms, the median of its requests' steps 49.7 ms)."""
+    seen: dict[int, list[float]] = {}
+    for rows, ms in forwards:
+        seen.setdefault(rows, []).append(ms)
+    counts = {b: len(ms) for b, ms in sorted(seen.items())}
+    known = {b: statistics.median(ms) for b, ms in seen.items() if len(ms) >= MIN_FORWARDS and b in timed}
+    if not known:
+        return dict(timed), counts
+    curve = {}
+    for b, ms in timed.items():
+        near = min(known, key=lambda s: (abs(s - b), s))
+        curve[b] = known[b] if b in known else ms * known[near] / timed[near]
+    return curve, counts
 
 
 def cost_ratios(curve: dict[int, float], k_max: int) -> list[float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -296,6 +297,12 @@ def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
     assert all(1.0 <= c["drafter_ceiling"] <= c["best_ceiling"] + 1e-9 and set(c["v_ms"]) == {"1", "2", "3", "4"}
                for c in summary["copy_ceiling"])
     assert "## Copy ceiling (greedy)" in (tmp_path / "smol" / "report.md").read_text()
+    # priced by the requests' own forwards where they ran a size often enough: AR's steps give v(1)
+    rounds = [json.loads(x) for x in (tmp_path / "smol" / "rounds.jsonl").read_text().splitlines()]
+    for c in summary["copy_ceiling"]:
+        steps = [r["verify_ms"] for r in rounds if r["category"] == c["category"] and r["proposed"] == 0]
+        assert c["forwards"]["1"] == len(steps) >= 16 and set(c["timed_v_ms"]) == set(c["v_ms"])
+        assert c["v_ms"]["1"] == round(statistics.median(steps), 2)
     # the controller replayed on the same outputs and curve cannot beat the ceiling of its own drafts
     assert all(c["replay_auto"] <= c["drafter_ceiling"] + 1e-9 for c in summary["copy_ceiling"])
     streams = [json.loads(x) for x in (tmp_path / "smol" / "streams.jsonl").read_text().splitlines()]

@@ -11,7 +11,7 @@ import pytest
 from speclm.bench.analysis import ceiling
 from speclm.bench.output.sections import lines_of
 from speclm.bench.output.speculation import ceiling_section
-from speclm.costs import cost_ratios
+from speclm.costs import MIN_FORWARDS, cost_ratios, observed_curve
 from speclm.sampling import SamplingParams
 from speclm.speculative.proposers.suffix import SuffixProposer
 from speclm.speculative.proposers.suffix_index import SuffixCache, SuffixConfig
@@ -138,6 +138,33 @@ def test_each_category_is_priced_by_its_own_curve():
     a, b = ceiling.copy_ceiling(ceiling.greedy_ar(requests), prompts, {"a": cheap, "b": dear})
     assert a["drafter_ceiling"] > 1.0 and b["drafter_ceiling"] == pytest.approx(1.0)
     assert b["v_ms"]["2"] == 40.0
+
+
+def test_a_size_the_requests_ran_often_is_priced_by_their_own_forwards():
+    timed = {1: 56.0, 2: 87.0, 3: 116.0, 17: 470.0}
+    forwards = [(1, 50.0)] * 9 + [(1, 70.0)] * 2 + [(2, 88.0)] * MIN_FORWARDS + [(3, 300.0)] * (MIN_FORWARDS - 1)
+    curve, counts = observed_curve(timed, forwards)
+    assert counts == {1: 11, 2: MIN_FORWARDS, 3: MIN_FORWARDS - 1}
+    assert curve[1] == 50.0 and curve[2] == 88.0  # medians: one slow step does not move v(1)
+    # a size run too rarely keeps its timed price, scaled as the nearest size the requests ran often
+    assert curve[3] == pytest.approx(116.0 * 88.0 / 87.0) and curve[17] == pytest.approx(470.0 * 88.0 / 87.0)
+
+
+def test_without_enough_forwards_the_timed_curve_stands():
+    timed = {1: 56.0, 2: 87.0}
+    assert observed_curve(timed, []) == (timed, {})
+    assert observed_curve(timed, [(1, 10.0)] * (MIN_FORWARDS - 1))[0] == timed
+
+
+def test_observed_curves_count_one_targets_single_forwards_per_category():
+    timed = {"a": {1: 60.0, 2: 90.0}, "b": {1: 60.0, 2: 90.0}}
+    mine = [{"target_name": "t", "category": "a", "proposed": 0, "verify_ms": 50.0}] * MIN_FORWARDS
+    others = ([{"target_name": "u", "category": "a", "proposed": 0, "verify_ms": 10.0}] * MIN_FORWARDS
+              + [{"target_name": "t", "category": "a", "proposed": 0, "verify_ms": 99.0,
+                  "batch_passes": [1, 1]}] * MIN_FORWARDS)  # another target; a forward shared with others
+    curves, counts = ceiling.observed_curves(timed, mine + others, "t")
+    assert curves == {"a": {1: 50.0, 2: 75.0}, "b": timed["b"]}
+    assert counts == {"a": {1: MIN_FORWARDS}, "b": {}}
 
 
 def test_timing_context_is_the_average_rounds_context_cut_from_real_tokens():

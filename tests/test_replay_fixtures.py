@@ -19,10 +19,13 @@ from pathlib import Path
 import pytest
 
 from speclm.backends.toy import ToyBackend
-from speclm.bench.analysis.ceiling import copy_ceiling, streams
-from speclm.bench.analysis.replays import replay_run
+from speclm.bench.analysis.ceiling import copy_ceiling, drafter_ceiling, streams
+from speclm.bench.analysis.replays import load_run, replay_run
+from speclm.costs import MIN_FORWARDS
+from speclm.errors import InvalidRequestError
 from speclm.sampling import SamplingParams
 from speclm.speculative import steps
+from speclm.speculative.proposers.suffix_index import SuffixConfig
 from speclm.speculative.replay import BOUNDS, POLICIES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "replay"
@@ -114,6 +117,28 @@ def test_a_run_of_two_targets_replays_each_against_its_own_ceilings(tmp_path):
         out = replay_run(run, ["auto"], rematch=rematch)
         assert [r["target_name"] for r in out] == ["toy"] * 2 + ["toy2"] * 2
         assert [r["speedup"] for r in out[:2]] == [r["speedup"] for r in out[2:]]
+
+
+def test_a_replay_can_price_the_run_by_its_own_forwards(tmp_path):
+    run = toy_run(tmp_path / "toy")
+    with pytest.raises(InvalidRequestError, match="no rounds.jsonl.*--costs recorded"):
+        replay_run(run, ["auto"], costs="observed")
+    # the requests stepped at half the timed v(1), and ran 2-row blocks at their timed price: every
+    # block is twice as dear, in steps, as the timed curve said
+    (run / "rounds.jsonl").write_text("".join(
+        json.dumps({"target_name": "toy", "category": cat, "proposed": k, "verify_ms": ms}) + "\n"
+        for cat in ("copy", "fresh") for k, ms in ((0, 50.0), (1, 164.0)) for _ in range(MIN_FORWARDS)))
+    recorded_rows = replay_run(run, ["auto"])
+    assert replay_run(run, ["auto"], costs="timed") == recorded_rows  # a run that stored one curve
+    observed = replay_run(run, ["auto"], costs="observed")
+    streams_by_target, _ = load_run(run)
+    dearer = {cat: {1: 50.0, **{b: 100.0 * r for b, r in ZEN3_RATIOS.items() if b > 1}} for cat in ("copy", "fresh")}
+    want = drafter_ceiling(streams_by_target["toy"], dearer, 16, SuffixConfig())
+    for mine, then in zip(observed, recorded_rows):
+        assert mine["ceiling"] == pytest.approx(want[mine["category"]].ceiling)
+        assert mine["ceiling"] < then["ceiling"] or then["ceiling"] == pytest.approx(1.0)
+    with pytest.raises(InvalidRequestError, match="unknown costs"):
+        replay_run(run, ["auto"], costs="guessed")
 
 
 if __name__ == "__main__" and "--write" in sys.argv:

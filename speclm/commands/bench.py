@@ -84,6 +84,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--suffix-rematch", choices=("on", "off"), default=None,
                    help="replay with the suffix drafter's rematch on or off (default: as the run drafted); "
                         "the kept share is then of that drafter's ceiling")
+    r.add_argument("--costs", choices=("recorded", "timed", "observed"), default="recorded",
+                   help="the cost curve to price at: recorded (as the run's ceiling was; default), timed "
+                        "(timed after the requests) or observed (the requests' own forwards, from "
+                        "rounds.jsonl); the ceilings are recomputed at it")
     add_json_option(r)
     r.set_defaults(func=cmd_replay)
     return b
@@ -93,7 +97,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     """`speclm bench replay RUN_DIR`."""
     from ..bench.analysis.replays import replay_run
     rematch = None if args.suffix_rematch is None else args.suffix_rematch == "on"
-    rows = replay_run(Path(args.run_dir), args.policy, rematch=rematch)
+    rows = replay_run(Path(args.run_dir), args.policy, rematch=rematch, costs=args.costs)
     if args.json:
         print(json.dumps(rows))
         return 0

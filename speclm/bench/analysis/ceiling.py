@@ -7,7 +7,11 @@ a block of b rows, timed after the target's requests, per category after as many
 tokens as the category's average round sees (a long context makes a one-row
 step dearer relative to a block on one file, cheaper on another: the shipped
 file's v(16) / v(1) was 7.5 after 64 tokens and 8.6 in multi-turn-edit's rounds,
-iq4_nl-pure's 8.1 and 6.5, run W21):
+iq4_nl-pure's 8.1 and 6.5, run W21). Where the category's requests ran a block
+size often enough, its price is what their own forwards cost instead
+(`observed_curves`): a curve timed in one sitting missed the run's v(1) by 12 %
+in two categories of run R33, and the measured speedup the ceiling is set beside
+is priced by the requests' own forwards:
 
 - **drafter**: the AR outputs, in run order, are replayed through a fresh
   SuffixProposer (the run's suffix settings, one shared cache per target as the
@@ -41,10 +45,11 @@ draft by suffix.
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
-from collections.abc import Callable, Mapping, Sequence
-
-from ...costs import cost_ratios
+from ...costs import cost_ratios, observed_curve
 from ...sampling import SamplingParams
 from ...speculative.proposers.suffix import SuffixProposer
 from ...speculative.replay import Replayed, Stream
@@ -131,6 +136,28 @@ def timing_context(records: Sequence[dict], prompt_ids: dict[tuple[str, int], li
     texts = [p + o for p, o in pairs]
     longest = max(texts, key=len)
     return (longest * (1 + n // len(longest)))[:max(1, n)]
+
+
+def read_rounds(run_dir: Path) -> list[dict]:
+    """A run's rounds.jsonl lines so far ([] when it has none)."""
+    path = run_dir / "rounds.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def observed_curves(timed: Mapping[str, dict[int, float]], rounds: Iterable[dict], target: str | None
+                    ) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, int]]]:
+    """Per category of `timed`: (costs.observed_curve of its timed curve and the forwards
+    `target`'s rounds ran there, the forwards counted per block size). rounds: rounds.jsonl
+    lines of any method; a round run in a shared forward (batch_passes) is left out, as its
+    time is not one block's."""
+    forwards: dict[str, list[tuple[int, float]]] = {cat: [] for cat in timed}
+    for r in rounds:
+        if r.get("target_name") == target and r.get("category") in forwards and not r.get("batch_passes"):
+            forwards[r["category"]].append((r["proposed"] + 1, r["verify_ms"]))
+    seen = {cat: observed_curve(curve, forwards[cat]) for cat, curve in timed.items()}
+    return {cat: c for cat, (c, _) in seen.items()}, {cat: n for cat, (_, n) in seen.items()}
 
 
 @dataclasses.dataclass

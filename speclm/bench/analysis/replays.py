@@ -14,7 +14,7 @@ from pathlib import Path
 from ...errors import InvalidRequestError
 from ...speculative.proposers.suffix_index import SuffixConfig
 from ...speculative.replay import BOUNDS, POLICIES, Stream, replay
-from .ceiling import drafter_ceiling
+from .ceiling import best_ceiling, drafter_ceiling, observed_curves, read_rounds
 
 
 def load_run(run_dir: Path) -> tuple[dict[str, list[Stream]], list[dict]]:
@@ -31,24 +31,42 @@ def load_run(run_dir: Path) -> tuple[dict[str, list[Stream]], list[dict]]:
     return by_target, json.loads(summary_file.read_text(encoding="utf-8")).get("copy_ceiling", [])
 
 
-def replay_run(run_dir: Path, policies: list[str], rematch: bool | None = None) -> list[dict]:
+COSTS = ("recorded", "timed", "observed")  # for --costs
+
+
+def replay_run(run_dir: Path, policies: list[str], rematch: bool | None = None, costs: str = "recorded") -> list[dict]:
     """One row per target, category and policy: speedup, kept share of the ceiling, rounds.
     rematch: replay with the suffix drafter's rematch set so (None: as the run drafted); the
-    ceiling is then that drafter's, computed from the run's streams."""
+    ceiling is then that drafter's, computed from the run's streams. costs: the curve to price
+    at, `recorded` (as the run's ceiling was), `timed` (the curve timed after the requests) or
+    `observed` (the requests' own forwards, from rounds.jsonl: ceiling.observed_curves); the
+    ceilings are then recomputed at that curve."""
     unknown = [p for p in policies if p not in POLICIES and p not in BOUNDS]
     if unknown:
         raise InvalidRequestError(f"unknown policy {', '.join(unknown)}: choose from {', '.join([*POLICIES, *BOUNDS])}")
+    if costs not in COSTS:
+        raise InvalidRequestError(f"unknown costs {costs!r}: choose from {', '.join(COSTS)}")
     by_target, ceilings = load_run(run_dir)
+    rounds = read_rounds(run_dir) if costs == "observed" else []
+    if costs == "observed" and not rounds:
+        raise InvalidRequestError(f"{run_dir} has no rounds.jsonl to price by its own forwards: use --costs recorded")
     rows = []
     for target, streams in by_target.items():
         mine = {c["category"]: c for c in ceilings if c.get("target_name") == target}
         curves = {cat: {int(b): ms for b, ms in c["v_ms"].items()} for cat, c in mine.items()}
+        if costs != "recorded":  # a run from before observed pricing recorded its timed curve as v_ms
+            curves = {cat: {int(b): ms for b, ms in c.get("timed_v_ms", c["v_ms"]).items()} for cat, c in mine.items()}
+        if costs == "observed":
+            curves = observed_curves(curves, rounds, target)[0]
         first = next(iter(mine.values()))
         recorded = SuffixConfig(**first["suffix"]) if "suffix" in first else SuffixConfig()  # older runs: defaults
         suffix = recorded if rematch is None else dataclasses.replace(recorded, rematch=rematch)
         ceiling_of = {cat: c["drafter_ceiling"] for cat, c in mine.items()}
-        if suffix != recorded:
+        best_of = {cat: c["best_ceiling"] for cat, c in mine.items()}
+        if suffix != recorded or costs != "recorded":
             ceiling_of = {cat: t.ceiling for cat, t in drafter_ceiling(streams, curves, first["k_max"], suffix).items()}
+        if costs != "recorded":
+            best_of = {cat: t.ceiling for cat, t in best_ceiling(streams, curves, first["k_max"]).items()}
         for policy in policies:
             replayed = (BOUNDS[policy](streams, curves, first["k_max"], suffix) if policy in BOUNDS else
                         replay(streams, curves, policy=POLICIES[policy], k_max=first["k_max"], suffix=suffix))
@@ -56,6 +74,6 @@ def replay_run(run_dir: Path, policies: list[str], rematch: bool | None = None) 
                 ceiling = ceiling_of[r.category]
                 rows.append({"target_name": target, "category": r.category, "policy": policy,
                              "speedup": r.speedup, "kept_share": r.kept_share(ceiling), "ceiling": ceiling,
-                             "best_ceiling": mine[r.category]["best_ceiling"], "rounds": r.rounds,
+                             "best_ceiling": best_of[r.category], "rounds": r.rounds,
                              "verified": r.verified, "accepted": r.accepted, "tokens": r.tokens})
     return rows

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from rich.markup import escape
 
+from ...costs import MIN_FORWARDS
 from ..analysis.groups import GROUP_KEYS, label, models_vary
 from ..analysis.heads import CURVE_ROUNDS
 from .cells import md_table, num
@@ -61,7 +62,8 @@ def ceiling_section(ceilings: list[dict], rows: Sequence[dict], several_targets:
              f"{c['best_ceiling']:.2f}× ({c['best_tokens_per_round']:.2f} tok/round)") for c in ceilings]
     md = ["Decode-only speedup over AR that a perfect controller (knowing how many drafted tokens the target "
           "will accept, it picks every round's K for the least total cost) would reach with this run's cost "
-          "curve v(b) (timed per category after as many tokens as its average round sees), replaying the AR "
+          "curve v(b) (per category: the median of its requests' forwards of b rows where they ran at least "
+          f"{MIN_FORWARDS}, other sizes timed after the run and scaled alike), replaying the AR "
           "outputs in run order; an estimate, which a measured figure can pass by the curve's noise. "
           "`suffix drafter`: this run's suffix drafter with a fresh cache. `rematch`: the same drafter with "
           "`--suffix-rematch` (a draft whose source runs out goes on from a new match in any source). "

@@ -107,12 +107,17 @@ def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict],
     the greedy streams go to streams.jsonl (`speclm bench replay` reads them)."""
     ar = ceiling.greedy_ar(requests)
     ids = dict(zip(((p.category, p.index) for p in prompts), encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
+    timed = {cat: time_curve(llm.target, range(1, k_max + 2),
+                             ceiling.timing_context([r for r in ar if r["category"] == cat], ids),
+                             repeats=ceiling.REPEATS, statistic=statistics.median)
+             for cat in dict.fromkeys(r["category"] for r in ar)}
+    seen, forwards = ceiling.observed_curves(timed, ceiling.read_rounds(out_dir), ar[0].get("target_name"))
     # rounded once, as summary.json stores them, so `speclm bench replay` prices exactly as this run did
-    curves = {cat: {b: round(ms, 2) for b, ms in time_curve(
-                  llm.target, range(1, k_max + 2), ceiling.timing_context([r for r in ar if r["category"] == cat], ids),
-                  repeats=ceiling.REPEATS, statistic=statistics.median).items()}
-              for cat in dict.fromkeys(r["category"] for r in ar)}
+    curves = {cat: {b: round(ms, 2) for b, ms in curve.items()} for cat, curve in seen.items()}
     rows = ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods)
+    for row in rows:
+        row["timed_v_ms"] = {str(b): round(ms, 2) for b, ms in timed[row["category"]].items()}
+        row["forwards"] = {str(b): n for b, n in forwards[row["category"]].items()}
     streams = ceiling.streams(ar, ids)
     with open(out_dir / "streams.jsonl", "a", encoding="utf-8") as fh:
         for s in streams:
