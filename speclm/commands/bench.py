@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..backends.load import LoadConfig
+from ..bench.analysis.replays import COSTS
 from ..bench.output.sections import print_sections
 from ..bench.run.sweep import plan_models, run_sweep
 from ..bench.setup.config import BenchConfig
@@ -84,7 +85,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--suffix-rematch", choices=("on", "off"), default=None,
                    help="replay with the suffix drafter's rematch on or off (default: as the run drafted); "
                         "the kept share is then of that drafter's ceiling")
-    r.add_argument("--costs", choices=("recorded", "timed", "observed"), default="recorded",
+    r.add_argument("--costs", choices=COSTS, default="recorded",
                    help="the cost curve to price at: recorded (as the run's ceiling was; default), timed "
                         "(timed after the requests) or observed (the requests' own forwards, from "
                         "rounds.jsonl); the ceilings are recomputed at it")
