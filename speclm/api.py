@@ -264,16 +264,45 @@ class LLM:
             return self._measured[proposal]
 
     def start(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,
-              on_text: Callable[[str], None] | None = None) -> Generation:
-        """A Generation for one request (the scheduler or `generate` steps it)."""
+              on_text: Callable[[str], None] | None = None,
+              prediction: str | Sequence[int] | None = None) -> Generation:
+        """A Generation for one request (the scheduler or `generate` steps it).
+        prediction: the output the client expects (Predicted Outputs), a draft source
+        for the methods whose proposal reads one; InvalidRequestError for the others."""
         method = get_method(spec.method)
         proposal = self._proposal_checked(spec)
+        predicted = self.prediction_ids(prediction, proposal, spec)
         controller = method.controller(self, spec) if method.controller is not None and proposal else None
         proposer = PROPOSALS[proposal].make(self, spec) if proposal is not None else None
+        if predicted is not None:
+            proposer.predict(predicted)
         return Generation(self.target, proposer, prompt_ids, params, spec.effective_k,
                           method=spec.method, on_text=on_text, controller=controller,
                           threads=method.threads(self, spec), prefix_cache=self.prefix_cache,
-                          cache_scope=spec.cache_scope)
+                          cache_scope=spec.cache_scope, prediction=predicted)
+
+    def prediction_ids(self, prediction: str | Sequence[int] | None, proposal: str | None,
+                       spec: SpecConfig) -> list[int] | None:
+        """The prediction's token ids (text tokenized without BOS), checked against what
+        the request's method drafts with; None for no prediction."""
+        if prediction is None:
+            return None
+        if proposal is None or not PROPOSALS[proposal].predicts:
+            readers = [name for name, m in METHODS.items() if m.proposal_for(spec, self.has_draft) is not None
+                       and PROPOSALS[m.proposal_for(spec, self.has_draft)].predicts]
+            raise InvalidRequestError(f"prediction is not read by method {spec.method} (it drafts with "
+                                      f"{proposal or 'nothing: plain decoding'}): drop it or use one of "
+                                      f"{', '.join(readers)}")
+        if isinstance(prediction, str):
+            ids = self.target.tokenize(prediction, add_special=False, special=False) if prediction else []
+        else:
+            ids = [int(t) if isinstance(t, np.integer) else t for t in prediction]
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.target.vocab_size for t in ids):
+                raise InvalidRequestError(f"prediction token ids must be integers in [0, {self.target.vocab_size})")
+        if len(ids) > self.target.n_ctx:
+            raise InvalidRequestError(f"prediction is {len(ids)} tokens, more than the {self.target.n_ctx}-token "
+                                      "context holds: send only the output you expect")
+        return ids
 
     def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
         """Token ids for a text prompt (or a sequence of ids, passed through)."""
@@ -290,15 +319,17 @@ class LLM:
 
     def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
                  spec: SpecConfig | None = None, chat: bool = False,
-                 on_text: Callable[[str], None] | None = None) -> GenerationResult:
+                 on_text: Callable[[str], None] | None = None,
+                 prediction: str | Sequence[int] | None = None) -> GenerationResult:
         """Generate a continuation of prompt (text or token ids).
 
         spec None: SpecConfig() (method auto, over the draft model if the LLM
         has one, else prompt lookup), which falls back to plain decoding when
-        speculation does not pay."""
+        speculation does not pay. prediction: the output expected (text or ids), a
+        draft source that changes speed, never the output (`start`)."""
         params = params or SamplingParams()
         spec = spec or SpecConfig()
-        gen = self.start(self.encode(prompt, chat), params, spec, on_text)
+        gen = self.start(self.encode(prompt, chat), params, spec, on_text, prediction)
         with self.backend_lock:
             return run_alone(gen)
 

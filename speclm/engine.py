@@ -170,13 +170,15 @@ class Engine:
         self._thread.start()
 
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
-               spec: SpecConfig | None = None, chat: bool = False) -> RequestHandle:
-        """Validate and enqueue a request; errors in the request raise here."""
+               spec: SpecConfig | None = None, chat: bool = False,
+               prediction: str | list[int] | None = None) -> RequestHandle:
+        """Validate and enqueue a request; errors in the request raise here.
+        prediction: the output expected, a draft source (LLM.start)."""
         params = params or SamplingParams()
         spec = spec or SpecConfig()  # the same default as LLM.generate: auto
         prompt_ids = self.llm.encode(prompt, chat)
         handle = RequestHandle(f"req-{next(self._ids)}", prompt_ids)
-        gen = self.llm.start(prompt_ids, params, spec, on_text=handle._push)
+        gen = self.llm.start(prompt_ids, params, spec, on_text=handle._push, prediction=prediction)
         with self._lock:
             if self._stop:
                 gen.close()

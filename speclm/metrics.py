@@ -144,6 +144,31 @@ def cache_hit_rate(rounds: list[RoundRecord]) -> float | None:
     return sum(bool(r.info["hit"]) for r in ssd) / len(ssd) if ssd else None
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token and its log-probability under the target's raw logits (before the
+    request's processors and temperature: OpenAI's definition), with the `top` most
+    likely tokens at that position, most likely first."""
+
+    token: int
+    logprob: float | None  # None: the first prompt token (nothing before it predicts it)
+    piece: bytes = b""  # the bytes the token decodes to (part of a UTF-8 character, maybe)
+    top: tuple[tuple[int, float, bytes], ...] = ()  # (token, logprob, piece)
+
+    def to_dict(self) -> dict:
+        return {"token": self.token, "logprob": self.logprob, "text": self.piece.decode("utf-8", "replace"),
+                "top": [[t, lp] for t, lp, _ in self.top]}
+
+
+@dataclass(frozen=True)
+class PredictionCounts:
+    """Predicted Outputs (OpenAI's usage.completion_tokens_details): the prediction's tokens
+    that appear, in order, in the completion, and the rest; they add up to its length."""
+
+    accepted: int
+    rejected: int
+
+
 @dataclass
 class GenerationResult:
     """What one request produced, with its trace and summary."""
@@ -159,6 +184,9 @@ class GenerationResult:
     target: str = ""
     draft: str | None = None
     cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when SamplingParams.logprobs asked
+    prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token (the first's logprob: None)
+    prediction: PredictionCounts | None = None  # the request's prediction, used and unused
 
     def to_dict(self) -> dict:
         return {
@@ -172,5 +200,9 @@ class GenerationResult:
             "target": self.target,
             "draft": self.draft,
             "metrics": self.summary.to_dict() if self.summary else None,
+            **({"logprobs": [t.to_dict() for t in self.logprobs]} if self.logprobs is not None else {}),
+            **({"prompt_logprobs": [t.to_dict() for t in self.prompt_logprobs]}
+               if self.prompt_logprobs is not None else {}),
+            **({"prediction": asdict(self.prediction)} if self.prediction is not None else {}),
             "rounds": [r.to_dict() for r in self.rounds],
         }

@@ -11,17 +11,30 @@ keyed by (seed, position) (`keyed_sample`), so the token at a position is a
 function of the seed, the position and p alone, whatever drew the tokens
 before it; without one, by inverse CDF from the request's generator
 (`sample`). docs/design.md#seeded-sampling.
+
+Before that, the request's logit processors (`Processors`: logit_bias, then the
+repetition, presence and frequency penalties) turn the model's raw logits into
+the logits `target_probs` reads. Under speculation row i of a verify block is
+processed with its own prefix (the output so far plus the draft's first i
+tokens), so every row is processed exactly as plain decoding would process it
+at that position (docs/design.md#processed-distributions).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import InvalidRequestError
+from .metrics import TokenLogprob
 from .options import option
+
+MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs / logprobs
+REPEAT_WINDOW = 64  # repetition_penalty looks at the last this many context tokens (llama.cpp's repeat_last_n)
+BIAS_LIMIT = 100.0  # logit_bias values lie in [-100, 100]; -100 bans a token and 100 forces it (OpenAI's)
 
 # A nucleus almost always lives among the few hundred most likely tokens; look
 # there first (argpartition, O(V)) and fall back to a full sort only if not.
@@ -53,6 +66,21 @@ class SamplingParams:
     stop: tuple[str, ...] = option((), "stop when this text appears (repeatable)", many="repeat", request=True)
     ignore_eos: bool = option(False, "generate max-new-tokens tokens even past the end-of-text token",
                               request=True)
+    logit_bias: tuple[tuple[int, float], ...] = option(
+        (), "ID=BIAS: add BIAS to token ID's logit (OpenAI's -100..100: -100 bans the token, 100 forces it; "
+        "repeatable)", kind=lambda text: parse_bias(text), many="repeat", metavar="ID=BIAS")
+    presence_penalty: float = option(0.0, "subtract this from the logit of every token the output holds "
+                                     "(OpenAI's, -2..2)", request=True)
+    frequency_penalty: float = option(0.0, "subtract this times a token's count in the output (OpenAI's, -2..2)",
+                                      request=True)
+    repetition_penalty: float = option(1.0, f"divide the positive logits of the last {REPEAT_WINDOW} context "
+                                       "tokens by this and multiply their negative ones (llama.cpp's repeat "
+                                       "penalty; 1: off)", request=True)
+    logprobs: int | None = option(None, f"report each generated token's log-probability and the N most likely "
+                                  f"alternatives (0..{MAX_LOGPROBS})", kind=int)
+    prompt_logprobs: int | None = option(None, "report each prompt token's log-probability and the N most "
+                                         f"likely alternatives (0..{MAX_LOGPROBS}); allows max-new-tokens 0",
+                                         kind=int)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -63,11 +91,18 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         else:
             raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        object.__setattr__(self, "logit_bias", normalised_bias(self.logit_bias))
         validate_sampling(self)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def processed(self) -> bool:
+        """Whether any logit processor changes the raw logits (`Processors`)."""
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 \
+            or self.repetition_penalty != 1.0
 
 
 def validate_sampling(p: SamplingParams) -> None:
@@ -80,17 +115,124 @@ def validate_sampling(p: SamplingParams) -> None:
         raise InvalidRequestError(f"top_p must be in (0, 1] (1 = disabled), got {p.top_p!r}")
     if not isinstance(p.min_p, (int, float)) or not (0.0 <= p.min_p < 1.0):
         raise InvalidRequestError(f"min_p must be in [0, 1) (0 = disabled), got {p.min_p!r}")
-    if not is_int(p.max_new_tokens) or p.max_new_tokens < 1:
-        raise InvalidRequestError(f"max_new_tokens must be an integer >= 1, got {p.max_new_tokens!r}")
+    least = 0 if p.prompt_logprobs is not None else 1  # scoring a prompt generates nothing
+    if not is_int(p.max_new_tokens) or p.max_new_tokens < least:
+        raise InvalidRequestError(f"max_new_tokens must be an integer >= {least}"
+                                  f"{'' if least else ' (0 only to score the prompt: prompt_logprobs)'}, "
+                                  f"got {p.max_new_tokens!r}")
     if p.seed is not None and (not is_int(p.seed) or p.seed < 0):
         raise InvalidRequestError(f"seed must be a non-negative integer, got {p.seed!r}")
     if any(not isinstance(s, str) or s == "" for s in p.stop):
         raise InvalidRequestError(f"stop strings must be non-empty strings, got {p.stop!r}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(p, name)
+        if not _number(value) or not -2.0 <= value <= 2.0:
+            raise InvalidRequestError(f"{name} must be a number in [-2, 2] (0 = off), got {value!r}")
+    if not _number(p.repetition_penalty) or p.repetition_penalty <= 0:
+        raise InvalidRequestError(f"repetition_penalty must be a number > 0 (1 = off), got {p.repetition_penalty!r}")
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(p, name)
+        if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
+            raise InvalidRequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] (alternatives per "
+                                      f"token), got {value!r}")
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def parse_bias(text: str) -> tuple[int, float]:
+    """ID=BIAS on the command line."""
+    token, sep, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise InvalidRequestError(f"logit bias must be ID=BIAS (a token id and a number), got {text!r}") from None
+
+
+def normalised_bias(bias: object) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (token id, bias) pairs, from a mapping ({id: bias}, ids may be
+    decimal strings as JSON sends them) or pairs; InvalidRequestError naming the bad entry."""
+    if bias is None:
+        return ()
+    items = bias.items() if isinstance(bias, dict) else bias
+    try:
+        items = list(items)
+    except TypeError:
+        raise InvalidRequestError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+    out: dict[int, float] = {}
+    for item in items:
+        token, value = item if isinstance(item, (tuple, list)) and len(item) == 2 else (item, None)
+        if isinstance(token, str) and token.strip().isdigit():
+            token = int(token)
+        if not is_int(token) or token < 0:
+            raise InvalidRequestError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        if not _number(value) or not -BIAS_LIMIT <= value <= BIAS_LIMIT:
+            raise InvalidRequestError(f"logit_bias values must be numbers in [-100, 100], got {value!r} "
+                                      f"for token {token}")
+        out[token] = float(value)
+    return tuple(sorted(out.items()))
 
 
 def is_int(x: object) -> bool:
     """An int that is not a bool."""
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+class Processors:
+    """One request's logit processors, in a fixed order: logit_bias, the repetition
+    penalty, then the presence and frequency penalties (docs/design.md#processed-distributions).
+
+    Contract: `process(rows, draft)` returns rows[i] processed as plain decoding
+    processes the logits after the output so far plus draft[:i]; `advance(tokens)`
+    appends tokens the request emitted. Draft tokens never enter the state, so a
+    rejected draft needs no rollback."""
+
+    def __init__(self, params: SamplingParams, prompt_ids: list[int]):
+        self.params = params
+        self.counts: dict[int, int] = {}  # output token -> how often the output holds it
+        self.recent: list[int] = list(prompt_ids[-REPEAT_WINDOW:])  # the context's last tokens
+        ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)
+        values = np.array([b for _, b in params.logit_bias], dtype=np.float64)
+        self.banned = ids[values <= -BIAS_LIMIT]
+        self.forced = ids[values >= BIAS_LIMIT]
+        inside = (values > -BIAS_LIMIT) & (values < BIAS_LIMIT)
+        self.bias_ids, self.bias_values = ids[inside], values[inside]
+
+    def advance(self, tokens: list[int]) -> None:
+        for t in tokens:
+            self.counts[t] = self.counts.get(t, 0) + 1
+        self.recent = (self.recent + list(tokens))[-REPEAT_WINDOW:]
+
+    def process(self, rows: np.ndarray, draft: list[int]) -> np.ndarray:
+        """float64 copy of rows (one per block position, len(rows) <= len(draft) + 1)
+        with row i processed given the prefix output + draft[:i]."""
+        out = np.array(rows, dtype=np.float64)
+        p, counts = self.params, dict(self.counts)
+        for i, row in enumerate(out):
+            if i:
+                counts[draft[i - 1]] = counts.get(draft[i - 1], 0) + 1
+            self._bias(row)
+            if p.repetition_penalty != 1.0:
+                window = (self.recent + list(draft[:i]))[-REPEAT_WINDOW:]
+                seen = np.unique(np.asarray(window, dtype=np.int64))
+                vals = row[seen]
+                row[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+            if counts and (p.presence_penalty or p.frequency_penalty):
+                ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+                n = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+                row[ids] -= p.frequency_penalty * n + p.presence_penalty
+        return out
+
+    def _bias(self, row: np.ndarray) -> None:
+        if self.bias_ids.size:
+            row[self.bias_ids] += self.bias_values
+        if self.banned.size:
+            row[self.banned] = -np.inf
+        if self.forced.size:
+            keep = row[self.forced]
+            row[:] = -np.inf
+            row[self.forced] = keep
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -146,6 +288,20 @@ def _keep_top_p(p: np.ndarray, top_p: float) -> None:
     mask = np.zeros(p.size, dtype=bool)
     mask[keep] = True
     p[~mask] = 0.0
+
+
+def token_logprob(row: np.ndarray, token: int, top: int, piece: Callable[[int], bytes]) -> TokenLogprob:
+    """`token`'s log-probability under the raw logits `row` and the `top` most likely
+    tokens there (ties: lower ids first); piece(id): the bytes a token decodes to."""
+    x = np.asarray(row, dtype=np.float64)
+    m = x.max()
+    logz = m + math.log(np.exp(x - m).sum())
+    best: tuple[tuple[int, float, bytes], ...] = ()
+    if top:
+        cand = np.argpartition(-x, top - 1)[:top] if top < x.size else np.arange(x.size)
+        order = cand[np.lexsort((cand, -x[cand]))]
+        best = tuple((int(t), float(x[t] - logz), piece(int(t))) for t in order)
+    return TokenLogprob(int(token), float(x[token] - logz), piece(int(token)), best)
 
 
 def sample(p: np.ndarray, rng: np.random.Generator) -> int:

@@ -38,6 +38,14 @@ Grid (every method and every setting appears; not the cross product):
 | medusa-t1.0               | medusa (random heads, unlike)      | 3 | temperature 1.0        |
 | medusa-online-topk3-topp0.5 | medusa, heads adapted online     | 3 | top-k 3 + top-p 0.5    |
 | auto-medusa-minp0.2       | auto (medusa)                      | 3 | min-p 0.2              |
+| sd-draft-penalties        | sd-draft (unlike)  | 3 | T 1.0, logit_bias (+1.5, ban), presence 0.8, frequency 0.9 |
+| sd-ngram-repetition-topp  | sd-ngram           | 3 | T 1.0, repetition 1.8, frequency 0.5, top-p 0.9 |
+| auto-suffix-penalties     | auto (suffix)      | 3 | the sd-draft-penalties processors, top-k 4 |
+| ssd-penalties             | ssd                | 3 | the sd-draft-penalties processors |
+
+The processor cases (logit_bias, penalties) are checked against an independent
+reference of OpenAI's and llama.cpp's definitions (`reference_logits`), and
+their control processes every row of a block with the block's first prefix.
 
 The suffix cases run every generation on one LLM, so each draws from a cache
 filled by the earlier generations (other seeds: text that differs from this
@@ -58,7 +66,9 @@ real code passes, with N_NEGATIVE = 3000 generations): a bonus token drawn
 from p_K instead of p_{K+1} (sd-draft-close-t1.0; measured S/threshold 6.2 at
 depth 4); a draft whose q is reported without the min-p filter it was sampled
 with (sd-draft-minp0.2; 5.8 at depth 1); accepting every draft token (55);
-medusa drafts sampled from the heads but reported with a uniform q (medusa-t1.0).
+medusa drafts sampled from the heads but reported with a uniform q (medusa-t1.0);
+penalties and bias applied to every row with the block's first prefix
+(sd-draft-penalties).
 Under the real code every case stays below 0.4 of its threshold.
 
 Sample sizes: N = 4000 per case (ssd 2000: each round is a round trip to the
@@ -144,6 +154,8 @@ T1 = dict(temperature=1.0)
 FILTERS = dict(temperature=1.0, top_k=3, top_p=0.5)
 MIN_P = dict(temperature=1.0, min_p=0.2)
 HOT_FILTERS = dict(temperature=1.5, top_p=0.9, min_p=0.1)
+PENALTIES = dict(temperature=1.0, logit_bias={1: 1.5, 4: -100}, presence_penalty=0.8, frequency_penalty=0.9)
+REPEATS = dict(temperature=1.0, repetition_penalty=1.8, frequency_penalty=0.5, top_p=0.9)
 GRID = [
     Case("ar-t1.0", SpecConfig(method="ar", k=3), T1),
     Case("sd-draft-t0.3", SpecConfig(method="sd-draft", k=3), dict(temperature=0.3)),
@@ -168,6 +180,10 @@ GRID = [
     Case("medusa-online-topk3-topp0.5", SpecConfig(method="medusa", k=3).with_options(online=True, online_lr=0.05),
          FILTERS),
     Case("auto-medusa-minp0.2", SpecConfig(method="auto", k=3, proposer="medusa"), MIN_P),
+    Case("sd-draft-penalties", SpecConfig(method="sd-draft", k=3), PENALTIES),
+    Case("sd-ngram-repetition-topp", SpecConfig(method="sd-ngram", k=3, ngram_min=1, ngram_max=3), REPEATS),
+    Case("auto-suffix-penalties", SpecConfig(method="auto", k=3, proposer="suffix"), dict(PENALTIES, top_k=4)),
+    Case("ssd-penalties", SpecConfig(method="ssd", k=3), PENALTIES, n=N_SSD),
 ]
 CASES = {c.name: c for c in GRID}
 
@@ -242,12 +258,28 @@ def run_case(case: Case, n: int | None = None, seeded: bool = False) -> Trace:
     return trace
 
 
+def reference_logits(logits: np.ndarray, prefix: tuple[int, ...], params: SamplingParams) -> np.ndarray:
+    """The processed logits after PROMPT + prefix, written from the definitions alone:
+    logit_bias added (-100 bans), llama.cpp's repetition penalty over the last 64 context
+    tokens, then OpenAI's presence and frequency penalties over the output (`prefix`)."""
+    x = logits.astype(np.float64)
+    for token, bias in params.logit_bias:
+        x[token] = -np.inf if bias == -100 else x[token] + bias
+    if params.repetition_penalty != 1.0:
+        for token in set([*PROMPT, *prefix][-64:]):
+            x[token] = x[token] / params.repetition_penalty if x[token] > 0 else x[token] * params.repetition_penalty
+    for token in set(prefix):
+        x[token] -= params.presence_penalty + params.frequency_penalty * prefix.count(token)
+    return x
+
+
 def verdict(case: Case, samples: list[tuple[int, ...]]) -> Verdict:
     target, params, memo = make_target(case.eos), case.params(), {}
 
     def next_probs(prefix: tuple[int, ...]) -> np.ndarray:
         if prefix not in memo:
-            memo[prefix] = target_probs(target.logits_for([*PROMPT, *prefix]), params)
+            logits = reference_logits(target.logits_for([*PROMPT, *prefix]), prefix, params)
+            memo[prefix] = target_probs(logits, params)
         return memo[prefix]
 
     return check_conditionals(samples, case.n_tokens, next_probs, terminal(case))
@@ -349,6 +381,15 @@ def _medusa_q_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(MedusaProposer, "propose", propose)
 
 
+def _processed_with_the_blocks_first_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The classic mistake: every row of a verify block processed as if no draft token
+    came before it (the penalties do not count the draft tokens before row i)."""
+    from speclm.sampling import Processors
+    real = Processors.process
+    monkeypatch.setattr(Processors, "process",
+                        lambda self, rows, draft: np.stack([real(self, row[None, :], [])[0] for row in rows]))
+
+
 def _accept_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """Gross: keep every draft token whatever p and q say."""
     monkeypatch.setattr(loop, "accept", lambda d, p, params, rng, at=0: len(d.tokens))
@@ -359,7 +400,8 @@ def _accept_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     (_q_without_min_p, "sd-draft-minp0.2"),
     (_accept_everything, "sd-draft-t1.0"),
     (_medusa_q_uniform, "medusa-t1.0"),
-], ids=["bonus-from-p_K", "q-without-min-p", "accept-everything", "medusa-q-uniform"])
+    (_processed_with_the_blocks_first_prefix, "sd-draft-penalties"),
+], ids=["bonus-from-p_K", "q-without-min-p", "accept-everything", "medusa-q-uniform", "first-prefix-processing"])
 def test_the_harness_rejects_a_broken_loop(monkeypatch: pytest.MonkeyPatch, bug, case_name: str) -> None:
     """Each injected bug, on a grid case the real code passes, fails the same
     check with fewer samples than the grid uses."""

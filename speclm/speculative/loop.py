@@ -24,11 +24,12 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..errors import InvalidRequestError
-from ..metrics import GenerationResult, RoundRecord, summarize
-from ..sampling import SamplingParams, keyed_sample, sample, target_probs
+from ..metrics import GenerationResult, RoundRecord, TokenLogprob, summarize
+from ..sampling import Processors, SamplingParams, keyed_sample, sample, target_probs, token_logprob
 from ..stops import StopChecker
 from .controller import Controller, FixedK
 from .proposers.base import Draft, Proposer
+from .proposers.prediction import prediction_counts
 
 
 # ---- 1. draft ------------------------------------------------------------
@@ -43,16 +44,17 @@ def draft(proposer: Proposer | None, context: list[int], k: int,
 
 
 # ---- 2. score ------------------------------------------------------------
-def score(target: Backend, blocks: Sequence[tuple[int, list[int], SamplingParams | None]]
-          ) -> list[list[np.ndarray] | None]:
-    """ONE target forward over every block: (sequence, tokens, the request's sampling)
-    for a round's [pending, d1..dK], or (sequence, prompt chunk, None) for a prefill
-    chunk. Per round, the processed target distributions p_1..p_{K+1} (the request's
-    sampling applied: that processed p IS the target distribution); None per chunk."""
-    logits = target.score_batch([(seq, tokens) for seq, tokens, _ in blocks],
-                                [params is not None for _, _, params in blocks])
-    return [None if params is None else [target_probs(row, params) for row in rows]
-            for rows, (_, _, params) in zip(logits, blocks)]
+def score(target: Backend, blocks: Sequence[tuple[Generation, list[int], bool]]
+          ) -> list[list[np.ndarray] | np.ndarray | None]:
+    """ONE target forward over every block: (request, tokens, True) for a round's
+    [pending, d1..dK], or (request, prompt chunk, False) for a prefill chunk. Per
+    round, the processed target distributions p_1..p_{K+1} (`Generation.distributions`:
+    row i processed with its own prefix; that processed p IS the target distribution);
+    per chunk, its rows' raw logits when the request scores its prompt, else None."""
+    wants = [is_round or gen.params.prompt_logprobs is not None for gen, _, is_round in blocks]
+    logits = target.score_batch([(gen.seq, tokens) for gen, tokens, _ in blocks], wants)
+    return [gen.distributions(rows, tokens[1:]) if is_round else (rows if want else None)
+            for rows, want, (gen, tokens, is_round) in zip(logits, wants, blocks)]
 
 
 # ---- 3. accept -----------------------------------------------------------
@@ -110,12 +112,15 @@ def _fit(q: np.ndarray, size: int) -> np.ndarray:
 
 # ---- 5. iterate ----------------------------------------------------------
 def iterate(target: Backend, seq: int, context: list[int], d: Draft,
-            n_accepted: int, last_token: int) -> None:
+            n_accepted: int, last_token: int, processors: Processors | None = None) -> None:
     """Advance to the accepted state: roll the target KV back to context[:-1]
-    + pending + accepted drafts (O(1)) and append the new tokens to context."""
+    + pending + accepted drafts (O(1)), append the new tokens to context and
+    advance the request's processors over them."""
     target.rollback(seq, len(context) + n_accepted)
-    context.extend(d.tokens[:n_accepted])
-    context.append(last_token)
+    new = [*d.tokens[:n_accepted], last_token]
+    context.extend(new)
+    if processors is not None:
+        processors.advance(new)
 
 
 # ---- the round protocol --------------------------------------------------------
@@ -153,8 +158,8 @@ class Generation:
                  params: SamplingParams, k: int, method: str = "sd",
                  on_text: Callable[[str], None] | None = None,
                  eos_ids: frozenset[int] | None = None, controller=None, threads: int | None = None,
-                 prefix_cache=None, cache_scope: str | None = None):
-        check_request(target, prompt_ids, k)
+                 prefix_cache=None, cache_scope: str | None = None, prediction: list[int] | None = None):
+        check_request(target, prompt_ids, k, params)
         self.prefix_cache, self.cache_scope = prefix_cache, cache_scope
         self.threads = threads  # target compute threads for this request (None: the backend's)
         self.target, self.proposer, self.params, self.k = target, proposer, params, k
@@ -163,6 +168,12 @@ class Generation:
         self.prompt_ids = list(prompt_ids)
         self.context = list(prompt_ids)
         self.rng = np.random.default_rng(params.seed)
+        self.processors = Processors(params, prompt_ids) if params.processed else None
+        self.prediction = prediction  # the client's expected output (token ids), a draft source
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[TokenLogprob] | None = None if params.prompt_logprobs is None else \
+            [TokenLogprob(prompt_ids[0], None, target.token_bytes(prompt_ids[0]))]
+        self._raw_rows: np.ndarray | None = None  # the last scored round's raw logits (logprobs asked)
         self.stops = StopChecker(target, params, eos_ids)
         self.rounds: list[RoundRecord] = []
         self.seq: int | None = None
@@ -185,7 +196,8 @@ class Generation:
         self.seq = self.target.new_sequence()
         self.kv_len = 0  # prompt tokens (context[:-1] at the start) in the KV so far
         self.prompt_end = len(self.context) - 1  # where prefill stops: later tokens enter the KV by rounds
-        if self.prefix_cache is not None:  # at least one row is still prefilled (hidden states need a forward)
+        if self.prefix_cache is not None and self.prompt_logprobs is None:  # a scored prompt computes every row
+            # at least one row is still prefilled (hidden states need a forward)
             self.kv_len = self.cached_tokens = self.prefix_cache.restore(
                 self.cache_scope, self.target, self.seq, self.reusable_prompt, live)
         if self.proposer is not None and self.k > 0:
@@ -203,8 +215,13 @@ class Generation:
         """The prompt tokens still to prefill (all but the pending last one)."""
         return self.context[self.kv_len:self.prompt_end] if self.seq is not None else []
 
-    def prefilled(self, n: int) -> None:
-        """A scheduler prefilled the next n tokens of prefill_left into our sequence."""
+    def prefilled(self, n: int, rows: np.ndarray | None = None) -> None:
+        """A scheduler prefilled the next n tokens of prefill_left into our sequence
+        (rows: their raw logits, when the request scores its prompt)."""
+        if self.prompt_logprobs is not None and rows is not None:
+            nxt = self.context[self.kv_len + 1:self.kv_len + n + 1]
+            self.prompt_logprobs += [token_logprob(row, t, self.params.prompt_logprobs, self.target.token_bytes)
+                                     for row, t in zip(rows, nxt)]
         self.kv_len += n
         if not self.prefill_left:
             self.prefill_ms = (time.perf_counter() - self.t_begin) * 1000
@@ -223,7 +240,7 @@ class Generation:
         if self.finished:
             return None
         room = self.target.n_ctx - len(self.context)
-        if room <= 0:
+        if room <= 0 or self.stops.remaining <= 0:  # max_new_tokens 0: the prompt was only scored
             self._emit(self.stops.finish_length())
             self._done()
             return None
@@ -240,6 +257,16 @@ class Generation:
             d.truncate(kept)
         return Round(d, [self.context[-1], *d.tokens], note, info, (time.perf_counter() - t0) * 1000)
 
+    def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray]:
+        """Stage 2's processing of this request's scored rows: row i processed with
+        the prefix context + draft[:i] (the request's processors), then its sampling
+        applied: p_1..p_{K+1}. Keeps the raw rows for `complete` when logprobs are asked."""
+        if self.logprobs is not None:
+            self._raw_rows = rows
+        if self.processors is not None:
+            rows = self.processors.process(rows, draft)
+        return [target_probs(row, self.params) for row in rows]
+
     def complete(self, rnd: Round, p: list[np.ndarray], verify_ms: float,
                  batch_passes: list[int] | None = None) -> bool:
         """Stages 3–5 of a planned round from its scored distributions p_1..p_{K+1};
@@ -251,7 +278,7 @@ class Generation:
         a = accept(d, p, self.params, self.rng, at)
         last = resample(p[a], d.q[a] if a < len(d) else None,
                         d.tokens[a] if a < len(d) else None, self.params, self.rng, at + a)
-        iterate(self.target, self.seq, self.context, d, a, last)
+        iterate(self.target, self.seq, self.context, d, a, last, self.processors)
         if self.proposer is not None and self.k > 0:
             self.proposer.verified(d, p[:a + 1], a)
         n_before = len(self.stops.token_ids)
@@ -260,6 +287,10 @@ class Generation:
             if self.finished:
                 break
         delivered = len(self.stops.token_ids) - n_before  # EOS or a stop may cut the round short
+        if self.logprobs is not None:
+            raw = self._raw_rows
+            self.logprobs += [token_logprob(raw[i], t, self.params.logprobs, self.target.token_bytes)
+                              for i, t in enumerate(self.stops.token_ids[n_before:])]
         t3 = time.perf_counter()
         if self.ttft_ms is None:
             self.ttft_ms = (t3 - self.t_start) * 1000
@@ -301,7 +332,8 @@ class Generation:
             summary=summarize(self.rounds, len(s.token_ids), wall_ms, self.ttft_ms, self.prefill_ms,
                               (self.t_begin - self.t_start) * 1000),
             target=self.target.name, draft=None if self.proposer is None else self.proposer.name,
-            cached_prompt_tokens=self.cached_tokens)
+            cached_prompt_tokens=self.cached_tokens, logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+            prediction=None if self.prediction is None else prediction_counts(self.prediction, s.token_ids))
 
 
 def context_problem(n_ctx: int, prompt_tokens: int, max_new_tokens: int | None = None,
@@ -317,7 +349,7 @@ def context_problem(n_ctx: int, prompt_tokens: int, max_new_tokens: int | None =
     return None
 
 
-def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:
+def check_request(target: Backend, prompt_ids: list[int], k: int, params: SamplingParams | None = None) -> None:
     """Reject requests the loop cannot serve, with the fix in the message."""
     if not prompt_ids:
         raise InvalidRequestError("the prompt is empty: give at least one token of text")
@@ -329,3 +361,7 @@ def check_request(target: Backend, prompt_ids: list[int], k: int) -> None:
         raise InvalidRequestError(f"{problem[0]}: shorten the prompt or raise n_ctx (--n-ctx)")
     if not isinstance(k, int) or k < 0:
         raise InvalidRequestError(f"K (draft length) must be an integer >= 0, got {k!r}")
+    outside = [t for t, _ in params.logit_bias if t >= target.vocab_size] if params is not None else []
+    if outside:
+        raise InvalidRequestError(f"logit_bias names token {outside[0]}, outside {target.name}'s vocabulary "
+                                  f"[0, {target.vocab_size})")

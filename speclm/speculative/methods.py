@@ -58,7 +58,8 @@ class Proposal:
     per-token acceptance estimate (a goodput controller then keeps the prefix that
     pays); outlives_request(spec): what it learns from a request stays for the
     next ones (so a re-run replays, and tenants need scopes); selectable:
-    adaptive methods may draft with it (`SpecConfig.proposer`)."""
+    adaptive methods may draft with it (`SpecConfig.proposer`); predicts: it drafts
+    from a client's prediction of the output too (its proposer has `predict(tokens)`)."""
 
     name: str
     make: Callable[[LLM, SpecConfig], Proposer]
@@ -66,6 +67,7 @@ class Proposal:
     estimates: bool = False
     outlives_request: Callable[[SpecConfig], bool] = lambda spec: False
     selectable: bool = True
+    predicts: bool = False
     description: str = ""
 
 
@@ -89,7 +91,8 @@ PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
     Proposal("ngram", lambda llm, spec: NgramProposer(spec.ngram_min, spec.ngram_max),
              description="prompt lookup: copy what followed the latest earlier n-gram match"),
     Proposal("suffix", lambda llm, spec: SuffixProposer(llm.suffix_cache(spec.cache_scope), spec.suffix),
-             estimates=True, outlives_request=lambda spec: True, description="suffix decoding: the longest match in this request and in the LLM's cache of "
+             estimates=True, outlives_request=lambda spec: True, predicts=True,
+             description="suffix decoding: the longest match in this request and in the LLM's cache of "
                          "earlier verified outputs, per-token acceptance estimates"),
     Proposal("medusa", _medusa_proposer, outlives_request=lambda spec: spec.medusa.online,
              description="Medusa heads: head i drafts token i from the target's own hidden state"),

@@ -178,7 +178,7 @@ def run_step(target: Backend, slots: list[Slot], costs: CostModel | None = None)
 def _run_forward(target: Backend, group: list[Slot]) -> None:
     t0 = time.perf_counter()
     try:
-        dists = score(target, [(s.gen.seq, s.tokens, None if s.round is None else s.gen.params) for s in group])
+        dists = score(target, [(s.gen, s.tokens, s.round is not None) for s in group])
     except Exception as exc:  # noqa: BLE001  (every request in the forward fails)
         for s in group:
             s.error = exc
@@ -188,7 +188,7 @@ def _run_forward(target: Backend, group: list[Slot]) -> None:
     for s, p in zip(group, dists):
         try:
             if s.round is None:
-                s.gen.prefilled(len(s.tokens))
+                s.gen.prefilled(len(s.tokens), p)
             else:
                 s.finished = s.gen.complete(s.round, p, verify_ms=ms,
                                             batch_passes=None if len(group) == 1 else passes)

@@ -11,7 +11,8 @@ conditional acceptance `count(token) / count(occurrences with a next token)`.
 The number of tokens drafted grows with the match length
 (`spec_factor * match + spec_offset`, at most k). q stays one-hot (None), so
 the acceptance rule is unchanged and the output distribution is the target's.
-The index and the cache are in suffix_index.py.
+The index and the cache are in suffix_index.py. A request may bring a third
+source, checked first: the client's prediction of its output (prediction.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from ...sampling import SamplingParams
 from .base import Draft, Proposer
+from .prediction import Prediction
 from .suffix_index import Match, SuffixCache, SuffixConfig, SuffixIndex
 
 
@@ -46,7 +48,13 @@ class SuffixProposer(Proposer):
         self._prompt_len = -1
         self._committed = False
         self._info: dict | None = None
+        self.prediction: Prediction | None = None
         self.counts = {"lookups": 0, "own_hits": 0, "cache_hits": 0, "misses": 0, "drafted": 0}
+
+    def predict(self, tokens: list[int]) -> None:
+        """The client's expected output: a source followed in order, matched first."""
+        self.prediction = Prediction(tokens)
+        self.counts["prediction_hits"] = 0
 
     def _sync(self, context: list[int]) -> None:
         """Index what is new in context (it only grows within a request)."""
@@ -72,6 +80,10 @@ class SuffixProposer(Proposer):
         """The better source's draft of up to k tokens continuing context + drafted."""
         cfg, query = self.config, context + drafted if drafted else context
         best, source = self._own.draft(query, k, cfg, virtual=True, prob=prob, drafted=tuple(drafted)), "own"
+        if self.prediction is not None and not drafted:
+            predicted = self.prediction.draft(k)
+            if predicted.expected >= best.expected:
+                best, source = predicted, Prediction.source
         if self.cache is not None and (best.expected < len(best.tokens) or len(best.tokens) < k):
             other = self.cache.draft(query, k, cfg, prob=prob)
             if other.expected > best.expected:
@@ -84,10 +96,12 @@ class SuffixProposer(Proposer):
         self._info = None
         if k <= 0:
             return Draft()
+        if self.prediction is not None:
+            self.prediction.follow(context[self._prompt_len:])
         best, source = self._match(context, [], k, 1.0)
         self.counts["lookups"] += 1
         self.counts[f"{source}_hits" if source else "misses"] += 1
-        first = f"{source}-first" if source and len(context) == self._prompt_len else source
+        first = f"{source}-first" if source in ("own", "cache") and len(context) == self._prompt_len else source
         tokens, confidence, support = list(best.tokens), list(best.confidence), list(best.support)
         segments = [first] if source else []
         origins = [(first, best.length + j) for j in range(len(tokens))] if self.config.rematch else []

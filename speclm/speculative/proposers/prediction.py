@@ -1,0 +1,91 @@
+"""Predicted Outputs: the client's expected output as a draft source.
+
+An editor applying an edit knows most of the file it will get back; OpenAI's
+`prediction` field sends it. The prediction is followed in order: while the
+answer agrees with it, the next draft is the prediction's next tokens; when the
+answer leaves it (an inserted, deleted or changed line), drafting resumes at the
+prediction's place whose preceding tokens match the answer's last ones (the
+longest such match, the first at or after the place it left; else the last one
+before it). A prediction only ever drafts: the target verifies every token, so
+it can change speed, never the output (docs/methods.md#predicted-outputs).
+
+Each drafted token carries an estimate of its acceptance from the run of answer
+tokens that agreed with the prediction up to it, (run + PRIOR) / (run + PRIOR + 1),
+and the draft names its source "prediction", so a goodput controller calibrates
+these drafts in cells of their own.
+"""
+
+from __future__ import annotations
+
+from difflib import SequenceMatcher
+
+import numpy as np
+
+from ...metrics import PredictionCounts
+from .suffix_index import Match
+
+PRIOR = 4  # pseudo-agreements behind every estimate: a fresh alignment starts at 0.8
+REALIGN_MAX = 16  # the longest tail of the answer matched against the prediction to realign
+
+
+class Prediction:
+    """The alignment of one request's answer with its prediction."""
+
+    source = "prediction"
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.pos: int | None = 0  # the prediction's next expected token (None: the answer left it)
+        self.run = 0  # answer tokens in a row that agreed with the prediction, up to pos
+        self.left_at = 0  # where the answer last left the prediction
+        self.seen = 0  # answer tokens followed so far
+
+    def __len__(self) -> int:
+        return int(self.tokens.size)
+
+    def follow(self, answer: list[int]) -> None:
+        """Read the answer's new tokens; realign once it has left the prediction."""
+        for t in answer[self.seen:]:
+            if self.pos is not None and self.pos < self.tokens.size and self.tokens[self.pos] == t:
+                self.pos += 1
+                self.run += 1
+            elif self.pos is not None:
+                self.left_at, self.pos, self.run = self.pos, None, 0
+        self.seen = len(answer)
+        if self.pos is None and answer:
+            self._realign(answer[-REALIGN_MAX:])
+
+    def _realign(self, tail: list[int]) -> None:
+        """pos := the end of the longest match of the answer's tail in the prediction
+        (the first at or after left_at, else the last before it); unchanged if none."""
+        ends = np.flatnonzero(self.tokens == tail[-1]) + 1  # prediction[end - 1] == the answer's last token
+        depth = 1
+        while ends.size and depth < len(tail):
+            starts = ends - depth - 1
+            longer = ends[(starts >= 0) & (self.tokens[np.maximum(starts, 0)] == tail[-depth - 1])]
+            if not longer.size:
+                break
+            ends, depth = longer, depth + 1
+        if not ends.size:
+            return
+        after = ends[ends >= self.left_at]
+        self.pos = int(after[0] if after.size else ends[-1])
+        self.run = depth
+
+    def draft(self, k: int) -> Match:
+        """Up to k tokens from the aligned place, with their estimates (length: the run
+        the first estimate rests on)."""
+        if self.pos is None or k <= 0:
+            return Match()
+        tokens = tuple(int(t) for t in self.tokens[self.pos:self.pos + k])
+        conf = tuple((self.run + j + PRIOR) / (self.run + j + PRIOR + 1) for j in range(len(tokens)))
+        return Match(self.run, tokens, conf, (0,) * len(tokens))
+
+
+def prediction_counts(prediction: list[int], completion: list[int]) -> PredictionCounts:
+    """OpenAI's accepted / rejected prediction tokens: the prediction's tokens that appear
+    in the completion in order (the matching blocks of a longest-match alignment), and
+    the rest."""
+    blocks = SequenceMatcher(None, prediction, completion, autojunk=False).get_matching_blocks()
+    accepted = sum(b.size for b in blocks)
+    return PredictionCounts(accepted, len(prediction) - accepted)
