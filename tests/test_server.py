@@ -193,7 +193,7 @@ BAD_INPUTS = [
     ("prompt over the context", C, {"prompt": LONG}, 400, "context"),
     ("stream wrong type", C, {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("invalid request with stream", C, {"prompt": "hi", "stream": True, "max_tokens": 0}, 400, "max_tokens"),
-    ("logprobs unsupported", C, {"prompt": "hi", "logprobs": 5}, 400, "logprobs"),
+    ("logprobs over 20", C, {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("unknown method", C, {"prompt": "hi", "speculative": {"method": "magic"}}, 400, "speculative"),
     ("k out of range", C, {"prompt": "hi", "speculative": {"method": "sd-ngram", "k": 0}}, 400, "k must"),
     ("sd-draft without a draft", C, {"prompt": "hi", "speculative": {"method": "sd-draft"}}, 400, "draft"),
@@ -225,7 +225,7 @@ def test_bad_input_is_a_4xx_with_an_openai_error(smol, name, path, body, status,
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 UNSUPPORTED = {  # field -> a value that asks for something speclm does not do
     "tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False, "functions": [TOOL["function"]],
-    "function_call": {"name": "f"}, "prediction": {"type": "content", "content": "abc"},
+    "function_call": {"name": "f"},
     "messages[1].tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
     "messages[1].function_call": {"name": "f", "arguments": "{}"},
 }

@@ -90,8 +90,12 @@ class ServerState:
         the request drafts from `tenant`'s cache scope."""
         req.unsupported()
         limit, asked, name = self.config.max_tokens_limit, req.requested_max_tokens(), req.max_tokens_param
-        if asked is not None and not 1 <= asked <= limit:
-            raise ParamError(f"{name} must be in [1, {limit}], got {asked}", name)
+        least = 0 if req.scores_only() else 1
+        if asked is not None and not least <= asked <= limit:
+            raise ParamError(f"{name} must be in [1, {limit}] (0 only to score the prompt: echo with logprobs), "
+                             f"got {asked}", name)
+        if req.stream and getattr(req, "echo", False):
+            raise ParamError("echo is not supported with stream: true: send it unstreamed", "echo")
         spec = replace(req.spec(self.spec, has_draft=self.draft is not None),
                        cache_scope=self.tenants.scope_of(tenant))
         req.sampling(1)  # validate the sampling fields before paying for tokenization
@@ -103,7 +107,10 @@ class ServerState:
             raise ParamError(f"{message}: lower {name} or shorten the prompt", name)
         if asked is None:
             asked = min(req.default_max_tokens or limit, limit, n_ctx - len(ids))
-        return self.engine.submit(ids, req.sampling(asked), spec)
+        try:
+            return self.engine.submit(ids, req.sampling(asked), spec, prediction=req.prediction_text())
+        except InvalidRequestError as exc:
+            raise req.naming(exc) from None
 
     async def open(self, req: _GenerationRequest, tenant: str | None) -> RequestHandle:
         """Submit in a worker thread; bad input raises its APIError."""

@@ -36,7 +36,7 @@ from .config import ServerConfig
 from .gate import Gate, caller_of, tenant_of
 from .prom import RequestMetrics, ServerMetrics
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, Usage, _GenerationRequest, api_error,
-                      chunk_body, printable, quoted, response_body, validation_error)
+                      chunk_body, printable, quoted, response_body, result_logprobs, validation_error)
 
 
 class Handle(Protocol):
@@ -168,8 +168,8 @@ async def _events(front: Frontend, handle: Handle, rid: str, chat: bool, deadlin
         result: GenerationResult = await handle.aresult()
         if result.finish_reason == "cancelled":
             yield _sse(cancelled().body)
-        else:
-            yield chunk(finish_reason=result.finish_reason)
+        else:  # the logprobs of every streamed token ride on the last chunk (docs/server.md#logprobs)
+            yield chunk(finish_reason=result.finish_reason, logprobs=result_logprobs(result, chat))
             if include_usage:
                 yield chunk(usage=Usage.of(result))
     except Exception as exc:

@@ -21,9 +21,9 @@ from starlette.requests import ClientDisconnect
 
 from ..api import SpecConfig
 from ..errors import BackendError, BusyError, InvalidRequestError, SpeclmError
-from ..metrics import GenerationResult
+from ..metrics import GenerationResult, TokenLogprob
 from ..options import options_of
-from ..sampling import SamplingParams
+from ..sampling import MAX_LOGPROBS, SamplingParams
 from ..speculative.config import spec_options
 from ..speculative.methods import get_method
 
@@ -34,11 +34,9 @@ _REQUEST = ConfigDict(strict=True, extra="allow")
 
 # field -> the value(s) speclm can serve (absent, or asking for nothing); anything else is a 400.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
-    "best_of": (None, 1), "suffix": (None, ""), "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "tools": (None, []),
+    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
     "tool_choice": (None, "none"), "parallel_tool_calls": (None,), "functions": (None, []),
-    "function_call": (None, "none"), "prediction": (None,), "response_format": (None, {"type": "text"}),
+    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
 }
 _UNSUPPORTED_IN_MESSAGES: dict[str, tuple[Any, ...]] = {"tool_calls": (None, []), "function_call": (None,)}
 
@@ -149,7 +147,7 @@ def _speculative_options() -> type[BaseModel]:
 SpeculativeOptions = _speculative_options()
 
 OPENAI_DEFAULTS = {"temperature": 1.0}  # where a request's default is OpenAI's, not the library's
-OPENAI_RANGES = {"temperature": (0.0, 2.0)}
+OPENAI_RANGES = {"temperature": (0.0, 2.0), "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0)}
 
 
 def _sampling_fields() -> dict[str, Any]:
@@ -185,6 +183,7 @@ class _RequestBase(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
+    logit_bias: dict[str, float] | None = None
     speculative: SpeculativeOptions | None = None
 
     def unsupported(self) -> None:
@@ -225,20 +224,74 @@ class _RequestBase(BaseModel):
     def prompt_ids(self, llm: LLM) -> list[int]:
         raise NotImplementedError
 
+    def scores_only(self) -> bool:
+        """Whether the request only scores its prompt (generates nothing)."""
+        return False
+
+    def logprob_fields(self) -> dict[str, int | None]:
+        """SamplingParams' logprobs and prompt_logprobs from the request's own fields."""
+        return {}
+
+    def prediction_text(self) -> str | None:
+        """The request's Predicted Outputs text (None: none sent)."""
+        return None
+
     def sampling(self, max_tokens: int) -> SamplingParams:
-        """The request's SamplingParams (validated there: InvalidRequestError); a field
-        the request leaves out takes OpenAI's default where it has one, else the library's."""
+        """The request's SamplingParams (validated there: a ParamError naming the field);
+        a field the request leaves out takes OpenAI's default where it has one, else the library's."""
         given = {o.name: getattr(self, o.request) for o in options_of(SamplingParams) if o.request is not None}
         values = {name: OPENAI_DEFAULTS.get(name) if value is None else value for name, value in given.items()}
         values = {name: value for name, value in values.items() if value is not None}
-        return SamplingParams(**{**values, "max_new_tokens": max_tokens})
+        try:
+            return SamplingParams(**{**values, **self.logprob_fields(), "logit_bias": self.logit_bias,
+                                     "max_new_tokens": max_tokens})
+        except InvalidRequestError as exc:
+            raise self.naming(exc) from None
+
+    def naming(self, exc: InvalidRequestError) -> ParamError:
+        """exc as a ParamError naming the request field its message starts with (the
+        library's messages name the setting first: "logit_bias names token 99 ...")."""
+        named = str(exc).split(" ", 1)[0]
+        return ParamError(str(exc), named if named in type(self).model_fields else getattr(exc, "param", None))
 
 
 _GenerationRequest = create_model("_GenerationRequest", __base__=_RequestBase, **_sampling_fields())
 
 
+class PredictionContent(BaseModel):
+    """OpenAI's Predicted Outputs: {"type": "content", "content": text or text parts}."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ParamError(f"prediction content parts must be text parts, got type {part.type!r}",
+                                 "prediction")
+        return "".join(p.text or "" for p in self.content)
+
+
 class CompletionRequest(_GenerationRequest):
     prompt: str | list[str] | list[int]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    prediction: str | PredictionContent | None = None  # speclm: Predicted Outputs on completions too
+
+    def logprob_fields(self) -> dict[str, int | None]:
+        """logprobs N: N alternatives per generated token; with echo, per prompt token too."""
+        return {"logprobs": self.logprobs, "prompt_logprobs": self.logprobs if self.echo else None}
+
+    def prediction_text(self) -> str | None:
+        return self.prediction if self.prediction is None or isinstance(self.prediction, str) \
+            else self.prediction.text()
+
+    def scores_only(self) -> bool:
+        """max_tokens 0 with echo and logprobs: score the prompt, generate nothing."""
+        return self.max_tokens == 0 and self.echo and self.logprobs is not None
 
     def prompt_ids(self, llm: LLM) -> list[int]:
         """Text (or one-string list) tokenized as `llm.encode` does; token ids pass through."""
@@ -278,6 +331,17 @@ class ChatCompletionRequest(_GenerationRequest):
     default_max_tokens: ClassVar[int | None] = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prediction: PredictionContent | None = None
+
+    def logprob_fields(self) -> dict[str, int | None]:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ParamError("top_logprobs needs logprobs: true", "top_logprobs")
+        return {"logprobs": (self.top_logprobs or 0) if self.logprobs else None}
+
+    def prediction_text(self) -> str | None:
+        return None if self.prediction is None else self.prediction.text()
 
     def prompt_ids(self, llm: LLM) -> list[int]:
         """The messages rendered with the target's chat template: its markup tokenized
@@ -316,19 +380,28 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int  # prompt tokens whose KV the prefix cache restored (OpenAI's field)
 
 
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int  # the prediction's tokens that appear in the completion (OpenAI's)
+    rejected_prediction_tokens: int  # the rest of the prediction's tokens
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None  # with a prediction
     speculative: SpeculativeUsage
 
     @classmethod
     def of(cls, r: GenerationResult) -> Usage:
         s = r.summary
         n = len(r.token_ids)
+        details = None if r.prediction is None else CompletionTokensDetails(
+            accepted_prediction_tokens=r.prediction.accepted, rejected_prediction_tokens=r.prediction.rejected)
         return cls(prompt_tokens=r.prompt_tokens, completion_tokens=n, total_tokens=r.prompt_tokens + n,
                    prompt_tokens_details=PromptTokensDetails(cached_tokens=r.cached_prompt_tokens),
+                   completion_tokens_details=details,
                    speculative=SpeculativeUsage(
                        method=r.method, k=r.k, acceptance_rate=s.acceptance_rate if s else None,
                        mean_acceptance_length=s.mean_acceptance_length if s else None,
@@ -336,10 +409,32 @@ class Usage(BaseModel):
                        cache_hit_rate=s.cache_hit_rate if s else None))
 
 
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", "replace")
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict:
+    """OpenAI's chat `logprobs` object for generated tokens."""
+    return {"content": [{"token": _text(e.piece), "logprob": e.logprob, "bytes": list(e.piece),
+                         "top_logprobs": [{"token": _text(b), "logprob": lp, "bytes": list(b)} for _, lp, b in e.top]}
+                        for e in entries], "refusal": None}
+
+
+def completion_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict:
+    """OpenAI's legacy completions `logprobs` object (text_offset counts characters from `offset`)."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(_text(e.piece))
+    return {"tokens": [_text(e.piece) for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [None if e.logprob is None else {_text(b): lp for _, lp, b in e.top} for e in entries],
+            "text_offset": offsets}
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict | None = None
     finish_reason: str | None
 
 
@@ -360,7 +455,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: dict | None = None
     finish_reason: str | None
 
 
@@ -373,18 +468,35 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+def result_logprobs(r: GenerationResult, chat: bool) -> dict | None:
+    """The choice's `logprobs` for a result: generated tokens (chat), or with echo the
+    prompt's tokens before them (completions); None when none were asked."""
+    if chat:
+        return None if r.logprobs is None else chat_logprobs(r.logprobs)
+    if r.logprobs is None and r.prompt_logprobs is None:
+        return None
+    return completion_logprobs([*(r.prompt_logprobs or []), *(r.logprobs or [])])
+
+
+def echoed(r: GenerationResult) -> str:
+    """The prompt's text as its tokens decode, echoed before the completion (echo: true)."""
+    return b"".join(e.piece for e in r.prompt_logprobs or []).decode("utf-8", "replace")
+
+
 def response_body(rid: str, model: str, r: GenerationResult, chat: bool) -> dict:
-    """The non-streaming response for a finished result."""
+    """The non-streaming response for a finished result (a completion that scored its
+    prompt, echo, starts with the prompt's text)."""
     if chat:
         return ChatCompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[ChatChoice(
-            message=AssistantMessage(content=r.text), finish_reason=r.finish_reason)]).model_dump()
+            message=AssistantMessage(content=r.text), logprobs=result_logprobs(r, chat),
+            finish_reason=r.finish_reason)]).model_dump()
     return CompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[CompletionChoice(
-        text=r.text, finish_reason=r.finish_reason)]).model_dump()
+        text=echoed(r) + r.text, logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)]).model_dump()
 
 
 def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None = None,
                role: bool = False, finish_reason: str | None = None,
-               usage: Usage | None = None) -> dict:
+               usage: Usage | None = None, logprobs: dict | None = None) -> dict:
     """One streaming chunk in OpenAI's format (usage given: the choices-less usage chunk)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model}
@@ -394,7 +506,7 @@ def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None 
         delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     return {**body, "choices": [choice]}
