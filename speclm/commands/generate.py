@@ -20,6 +20,9 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--compare-ar", action="store_true",
                    help="also run plain decoding on the same prompt: speedup and identity")
+    g.add_argument("--prediction", metavar="FILE",
+                   help="the output you expect (e.g. the file before an edit): drafts for auto and sd-suffix "
+                        "(Predicted Outputs); it changes speed, never the output")
     add_json_option(g)
     add_options(g, LoadConfig, "models")
     add_options(g, SamplingParams, "sampling")
@@ -33,6 +36,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .stats import print_stats
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prediction = _read(args.prediction) if args.prediction else None
     params = build(args, SamplingParams)
     spec = spec_from_args(args)
     with open_llm(args, spec) as llm:
@@ -42,7 +46,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         llm.warmup(spec)
         kernels = llm.target.kernel_choice
         stream = None if args.json else _stdout_stream
-        result = llm.generate(prompt_ids, params, spec, on_text=stream)
+        result = llm.generate(prompt_ids, params, spec, on_text=stream, prediction=prediction)
         if not args.json:
             print(flush=True)
         ar = identity = None
@@ -62,6 +66,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         print_stats(result, ar, identity, kernels)
     return 0
+
+
+def _read(path: str) -> str:
+    from ..errors import InvalidRequestError
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"cannot read the prediction file {path}: {exc}") from None
 
 
 def _stdout_stream(text: str) -> None:

@@ -28,6 +28,8 @@ def stats_rows(result: GenerationResult, ar: GenerationResult | None,
         rows.append(("proposer", result.draft))
     rows += [
         ("tokens", f"{s.output_tokens} ({result.finish_reason})"),
+        *([("prediction tokens accepted / rejected", f"{result.prediction.accepted} / {result.prediction.rejected}")]
+          if result.prediction is not None else []),
         ("tok/s", _fmt(s.tokens_per_s)),
         ("acceptance rate", _fmt(s.acceptance_rate, ".3f")),
         ("mean acceptance length", _fmt(s.mean_acceptance_length, ".2f")),
