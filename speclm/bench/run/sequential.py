@@ -125,7 +125,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     records: list[dict] = []
 
     def finalize(unit: Unit) -> None:
-        ids, params, _ = unit.context
+        ids, params, _, _ = unit.context
         ar = next((s for s in unit.slots if s.baseline), None)
         for s in unit.slots:
             rec, result = s.attempts[-1]
@@ -139,9 +139,9 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                 on_request(rec)
 
     def rerun(unit: Unit, slot: Slot, reason: str) -> tuple[dict, GenerationResult]:
-        ids, params, phase = unit.context
+        ids, params, phase, prediction = unit.context
         rec, result = timed(arms[slot.arm_index], phase.scope(slot.arm_index), ids, params, slot.head,
-                            threads[slot.arm_index], policy, cores)
+                            threads[slot.arm_index], policy, cores, prediction)
         rec["rerun_reason"] = reason
         return rec, result
 
@@ -158,14 +158,15 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                     seed = cfg.seed + 100_003 * rep + pi
                     params = sampling_params(cfg, temp, max_new, seed)
                     phase = pass_of[(rep, temp, max_new)]
-                    unit = Unit([], context=(ids, params, phase))
+                    unit = Unit([], context=(ids, params, phase, prompt.prediction))
                     for ai, arm in enumerate(arms):
                         n += 1
                         head = {"request_id": f"r{n:05d}", "category": prompt.category,
                                 "prompt_index": prompt.index, "repeat": rep, "method": arm.method.name,
                                 "k": arm.k, "temperature": temp, "max_new_tokens": max_new,
                                 "seed": seed, "chat": prompt.chat, **(meta or {}), **arm.meta}
-                        rec, result = timed(arm, phase.scope(ai), ids, params, head, threads[ai], policy, cores)
+                        rec, result = timed(arm, phase.scope(ai), ids, params, head, threads[ai], policy, cores,
+                                            prompt.prediction)
                         unit.slots.append(Slot(ai, arm.method.name == BASELINE, again[ai], [(rec, result)], head))
                     queue.add(unit)
     queue.finish()

@@ -34,11 +34,13 @@ class BenchMethod:
     method: str
     proposer: str | None = None
     base: SpecConfig = dataclasses.field(default_factory=lambda: SpecConfig(method=BASELINE))
+    predicted: bool = False  # drafts from the prompt's prediction too (NAME+prediction)
 
     @property
     def description(self) -> str:
         text = TABLE[self.method].description
-        return f"{text}; drafts with {self.proposer}" if self.proposer else text
+        text = f"{text}; drafts with {self.proposer}" if self.proposer else text
+        return f"{text}; given the prompt's prediction (Predicted Outputs)" if self.predicted else text
 
     @property
     def uses_k(self) -> bool:
@@ -53,9 +55,10 @@ class BenchMethod:
                                    k=k if self.uses_k else self.base.k, shared=True)
 
     def generate(self, llm: LLM, prompt_ids: list[int], params: SamplingParams,
-                 spec: SpecConfig) -> GenerationResult:
-        """One request with this method (the timed call of run/records.timed)."""
-        return llm.generate(prompt_ids, params, spec)
+                 spec: SpecConfig, prediction: str | None = None) -> GenerationResult:
+        """One request with this method (the timed call of run/records.timed); a
+        predicted method is given the prompt's prediction, the others never."""
+        return llm.generate(prompt_ids, params, spec, prediction=prediction if self.predicted else None)
 
 
 def bench_methods(base: SpecConfig | None = None) -> dict[str, BenchMethod]:
@@ -70,6 +73,10 @@ def bench_methods(base: SpecConfig | None = None) -> dict[str, BenchMethod]:
         for p in PROPOSALS.values():
             if p.selectable and p.name != m.proposal:
                 out[f"{m.name}-{p.name}"] = BenchMethod(f"{m.name}-{p.name}", m.name, p.name, base)
+    for name, bm in list(out.items()):  # NAME+prediction: the same method given the prompt's prediction
+        kind = bm.proposer or TABLE[bm.method].proposal
+        if kind is not None and PROPOSALS[kind].predicts:
+            out[f"{name}+prediction"] = dataclasses.replace(bm, name=f"{name}+prediction", predicted=True)
     return out
 
 

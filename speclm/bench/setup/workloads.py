@@ -18,6 +18,10 @@ Built-in categories (each holds >= 20 prompts):
                    edit i-1 (its expected answer is prompt i+1's file);
   rag-quote        5 passages of ~450-500 words (~600-700 tokens), 4 questions
                    each, answered by verbatim quotes from the passage.
+- apply-edit, rewrite: prompts with the output the client expects (Predicted
+             Outputs, `prediction`): a 60-90 line file and one small edit to
+             apply (the prediction: the file before the edit); a paragraph
+             with a few typos to fix (the prediction: the paragraph).
 
 `load_dataset(path)` reads either Spec-Bench's question.jsonl (question_id,
 category, turns; the first turn is used) or a plain JSONL of {category,
@@ -39,7 +43,7 @@ from ...errors import SpeclmError
 from ...options import option
 
 CATEGORIES: tuple[str, ...] = ("humaneval", "code-edit", "chat", "summarize", "translate", "math",
-                               "extract", "multi-turn-edit", "rag-quote")
+                               "extract", "multi-turn-edit", "rag-quote", "apply-edit", "rewrite")
 RAW_CATEGORIES = frozenset({"humaneval"})  # run without the chat template
 
 
@@ -57,11 +61,13 @@ class Prompt:
     prompt: str | tuple[int, ...]
     chat: bool
     source: str = "builtin"
+    prediction: str | None = None  # the output the client expects (Predicted Outputs)
 
     def to_dict(self) -> dict:
         text = self.prompt if isinstance(self.prompt, str) else list(self.prompt)
         return {"category": self.category, "index": self.index, "prompt": text,
-                "chat": self.chat, "source": self.source}
+                "chat": self.chat, "source": self.source,
+                **({"prediction": self.prediction} if self.prediction is not None else {})}
 
 
 def _chat_for(category: str) -> bool:
@@ -92,7 +98,8 @@ def builtin_prompts(category: str, n: int | None = None) -> list[Prompt]:
     res = importlib.resources.files("speclm.bench").joinpath("data", f"{category}.jsonl")
     text = res.read_text(encoding="utf-8")
     items = parse_jsonl(text.splitlines(), f"speclm/bench/data/{category}.jsonl")
-    prompts = [Prompt(category, i, p.prompt, _chat_for(category)) for i, p in enumerate(items)]
+    prompts = [Prompt(category, i, p.prompt, _chat_for(category), prediction=p.prediction)
+               for i, p in enumerate(items)]
     return prompts if n is None else prompts[:n]
 
 
@@ -108,8 +115,8 @@ def _fail(where: str, lineno: int, why: str) -> BenchDataError:
     return BenchDataError(f"{where}:{lineno}: {why}")
 
 
-def _parse_line(obj: object, where: str, lineno: int) -> tuple[str, str, bool | None]:
-    """(category, prompt, chat or None) from one decoded line of either format."""
+def _parse_line(obj: object, where: str, lineno: int) -> tuple[str, str, bool | None, str | None]:
+    """(category, prompt, chat or None, prediction or None) from one decoded line of either format."""
     if not isinstance(obj, dict):
         raise _fail(where, lineno, f"expected a JSON object, got {type(obj).__name__}")
     if "turns" in obj:  # Spec-Bench: {question_id, category, turns: [str, ...]}
@@ -131,7 +138,10 @@ def _parse_line(obj: object, where: str, lineno: int) -> tuple[str, str, bool | 
         raise _fail(where, lineno, "missing or empty 'category' (a non-empty string)")
     if not prompt.strip():
         raise _fail(where, lineno, "the prompt is empty")
-    return category.strip(), prompt, chat
+    prediction = obj.get("prediction")
+    if prediction is not None and not isinstance(prediction, str):
+        raise _fail(where, lineno, f"'prediction' must be a string, got {type(prediction).__name__}")
+    return category.strip(), prompt, chat, prediction
 
 
 def parse_jsonl(lines: Iterable[str], where: str) -> list[Prompt]:
@@ -145,10 +155,10 @@ def parse_jsonl(lines: Iterable[str], where: str) -> list[Prompt]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise _fail(where, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-        category, prompt, chat = _parse_line(obj, where, lineno)
+        category, prompt, chat, prediction = _parse_line(obj, where, lineno)
         idx = per_cat.get(category, 0)
         per_cat[category] = idx + 1
-        out.append(Prompt(category, idx, prompt, _chat_for(category) if chat is None else chat, where))
+        out.append(Prompt(category, idx, prompt, _chat_for(category) if chat is None else chat, where, prediction))
     if not out:
         raise BenchDataError(f"{where}: no prompts (expected JSONL lines with 'prompt' or 'turns')")
     return out
