@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from speclm import LLM
+from speclm.commands.options import build
 from speclm.commands.serve import uvicorn_config
 from speclm.server import ServerConfig, create_app
 
@@ -21,13 +22,16 @@ from .test_server import C, SlowToy, client, live, toy_llm
 from .test_server_faults import parse_serve
 
 HEAD = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+HALF_SENT = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Content-Length: 100000\r\n\r\n{\"prompt\": \"")  # a head, then a body that stops
 
 
 @contextmanager
 def serving(*flags: str, llm: LLM | None = None) -> Iterator[tuple[str, int]]:
-    """A toy app under the uvicorn config `speclm serve FLAGS` makes; yields (url, port)."""
-    app = create_app(llm or toy_llm(), ServerConfig(model_id="toy"))
-    with live(app, uvicorn_config(app, parse_serve("--log-level", "error", *flags))) as (url, _):
+    """A toy app under the server and uvicorn configs `speclm serve FLAGS` makes; yields (url, port)."""
+    args = parse_serve("--log-level", "error", *flags)
+    app = create_app(llm or toy_llm(), build(args, ServerConfig, model_id="toy"))
+    with live(app, uvicorn_config(app, args)) as (url, _):
         yield url, int(url.rpartition(":")[2])
 
 
@@ -151,6 +155,32 @@ def test_health_answers_while_the_connection_budget_is_full():
             for s in idle:
                 s.close()
         assert httpx.get(url + "/v1/models").status_code == 200
+
+
+def test_half_sent_bodies_hold_no_queue_place():
+    """A request takes a queue place once its body has arrived and parsed (issue 43): with
+    --max-queue 1, a hundred requests whose bodies stop after `{"prompt": "` hold connections
+    only, so a complete request is served at once, and each of them is still cut at the body
+    timeout. Four addresses of 25 and a budget of 128 admit all hundred: the defaults (32 a
+    client, 1 + 1 + 32 connections) would refuse most of them before their heads were read."""
+    with serving("--max-concurrency", "1", "--max-queue", "1", "--body-timeout", "1",
+                 "--max-connections", "128") as (url, port):
+        half = [connect(port, f"127.0.0.{2 + i // 25}") for i in range(100)]
+        try:
+            for s in half:
+                s.sendall(HALF_SENT)
+            sent = time.monotonic()
+            time.sleep(0.2)  # every head is in: each request waits for its body
+            assert httpx.get(url + "/health").json()["ready"]
+            r = client(url).completions.create(model="toy", prompt="abc", max_tokens=3)
+            assert r.usage.completion_tokens == 3 and time.monotonic() - sent < 0.9  # before any body timeout
+            for s in half:
+                _, reply = until_closed(s, 5.0)
+                assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply
+            assert 0.9 < time.monotonic() - sent < 4.0
+        finally:
+            for s in half:
+                s.close()
 
 
 @pytest.mark.parametrize("flags", [("--header-timeout", "0"), ("--max-connections-per-client", "-1")])

@@ -35,6 +35,7 @@ from .stats import empirical_check, exact_distribution
 
 VOCAB, N_TOKENS, N_SAMPLES, K = 4, 3, 8000, 2
 PROMPT = [0, 1, 2, 0, 1]
+P_MIN = 0.6  # the unlike draft's top-1 probability is 0.57 after token 1, 0.64-0.9 after the others
 
 
 def make_target() -> ToyBackend:
@@ -45,9 +46,9 @@ def make_unlike_draft() -> ToyBackend:
     return ToyBackend(VOCAB, seed=99, order=1, sharpness=2.5)
 
 
-def ssd_proposer(draft: ToyBackend, predraft: int | None, **opts) -> SSDProposer:
-    return SSDProposer(lambda: InlineChannel(draft, predraft), SSDOptions(**opts), k=K,
-                       fallback=lambda: DraftModelProposer(draft))
+def ssd_proposer(draft: ToyBackend, predraft: int | None, p_min: float = 0.0, k: int = K, **opts) -> SSDProposer:
+    return SSDProposer(lambda: InlineChannel(draft, predraft), SSDOptions(**opts), k=k, p_min=p_min,
+                       fallback=lambda: DraftModelProposer(draft, p_min=p_min))
 
 
 # ---- fan-out and Saguaro arithmetic ---------------------------------------------
@@ -81,11 +82,11 @@ def test_saguaro_scales_the_top_mass_and_stays_a_distribution():
 
 
 # ---- losslessness ------------------------------------------------------------------
-def _sample(predraft: int | None, temperature: float, c: float) -> tuple[list, dict]:
+def _sample(predraft: int | None, temperature: float, c: float, p_min: float = 0.0) -> tuple[list, dict]:
     target, draft = make_target(), make_unlike_draft()
     samples, seen = [], {"hit": 0, "miss": 0, "accepted": 0, "rejected": 0}
     for _ in range(N_SAMPLES):
-        prop = ssd_proposer(draft, predraft, fanout=4, saguaro_c=c)
+        prop = ssd_proposer(draft, predraft, p_min=p_min, fanout=4, saguaro_c=c)
         res = steps.generate(target, prop, PROMPT, SamplingParams(temperature=temperature,  # no seed: q matters
                                                                  max_new_tokens=K + 2), K)
         prop.close()
@@ -111,6 +112,15 @@ def test_ssd_output_matches_the_target_distribution(path, temperature, c):
         assert seen["hit"] > N_SAMPLES // 10, seen  # the cache really served blocks
     else:
         assert seen["hit"] == 0 and seen["miss"] > N_SAMPLES // 2, seen
+
+
+@pytest.mark.parametrize("path", ["hit", "forced-miss"])
+def test_ssd_cut_by_p_min_matches_the_target_distribution(path):
+    """A confidence stop shortens blocks and pre-drafted branches; every token sent keeps its q."""
+    exact = exact_distribution(make_target(), PROMPT, SamplingParams(temperature=1.0), N_TOKENS)
+    samples, seen = _sample(None if path == "hit" else 0, 1.0, 1.0, p_min=P_MIN)
+    tv, bound = empirical_check(samples, exact)
+    assert tv < bound, f"TV {tv:.4f} exceeds the sample-size bound {bound:.4f} ({seen})"
 
 
 def test_lower_saguaro_c_moves_the_residual_onto_the_cached_candidates():
@@ -141,6 +151,41 @@ def test_ssd_greedy_equals_plain_decoding_token_for_token(predraft, width):
         ssd = steps.generate(target, prop, PROMPT, SamplingParams(max_new_tokens=30), K)
         prop.close()
         assert ssd.token_ids == ar.token_ids
+
+
+def _rounds(prop: SSDProposer, params: SamplingParams, k: int):
+    """steps.generate with `prop` (closed after), and per round (context, block, hit)."""
+    seen, propose = [], prop.propose
+
+    def recording(context, k, params, rng):
+        draft = propose(context, k, params, rng)
+        seen.append((list(context), list(draft.tokens), bool(prop.round_info().get("hit"))))
+        return draft
+
+    prop.propose = recording
+    res = steps.generate(make_target(), prop, PROMPT, params, k)
+    prop.close()
+    return res, seen
+
+
+@pytest.mark.parametrize("predraft", [None, 0])
+def test_p_min_cuts_ssd_blocks_where_it_cuts_sd_drafts(predraft):
+    """Greedy, every SSD block (a pre-drafted branch on the hit path, one drafted on
+    the miss) is the block sd-draft drafts from the same context under the same p_min,
+    so a p_min shortens SSD's blocks as it does sd-draft's, and the output is unchanged."""
+    params, k = SamplingParams(max_new_tokens=40), 4
+    ar = steps.generate(make_target(), None, PROMPT, params, 0)
+    res, seen = _rounds(ssd_proposer(make_unlike_draft(), predraft, p_min=P_MIN, k=k, fanout=4), params, k)
+    assert res.token_ids == ar.token_ids
+    sd = DraftModelProposer(make_unlike_draft(), p_min=P_MIN)
+    for context, block, _ in seen:
+        assert block == sd.propose(context, k, params, np.random.default_rng()).tokens, context
+    _, uncut = _rounds(ssd_proposer(make_unlike_draft(), predraft, k=k, fanout=4), params, k)
+    mean = lambda rounds: np.mean([len(block) for _, block, _ in rounds])  # noqa: E731
+    assert mean(seen) < mean(uncut) == k
+    assert len({len(block) for _, block, _ in seen}) > 1  # cut by confidence, not to a shorter K
+    if predraft is None:
+        assert any(hit and len(block) < k for _, block, hit in seen), seen  # pre-drafted branches are cut too
 
 
 def test_ssd_options_are_validated():
@@ -189,6 +234,9 @@ def test_process_ssd_greedy_equals_plain_and_serves_hits_over_zeromq():
         assert ssd.token_ids == ar.token_ids
         assert ssd.summary.cache_hit_rate is not None and ssd.summary.cache_hit_rate > 0.5, \
             [r.info for r in ssd.rounds]
+        cut = llm.generate(PROMPT, params, SpecConfig(method="ssd", k=3, p_min=0.9, ssd=SSDOptions(fanout=4)))
+        assert cut.token_ids == ar.token_ids  # the speculator got the request's p_min: shorter blocks
+        assert np.mean([r.proposed for r in cut.rounds]) < np.mean([r.proposed for r in ssd.rounds])
         pid = llm.speculator().pid
     finally:
         llm.close()

@@ -5,7 +5,8 @@ Contracts:
 - One Engine (config.max_concurrency running, config.max_queue waiting) serves
   every request; generation runs in the engine thread, handlers only await it.
 - Every error has OpenAI's body shape; bad input is a 4xx, never a 500.
-  Queue full: 429. Past config.request_timeout_s: the request is cancelled
+  Queue full: 429; a request takes a queue place only once its body has arrived
+  and parsed (the gate reads it first). Past config.request_timeout_s: the request is cancelled
   and answered 504 (streams: an error event, then `data: [DONE]`).
 - With API keys set (config.api_key, config.api_keys), /v1/* and /admin/* need
   `Authorization: Bearer KEY` (401 otherwise). Each key is a tenant with its own

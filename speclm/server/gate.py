@@ -16,7 +16,8 @@ from .schemas import APIError
 
 class Gate:
     """Middleware: the keys' rights, then the body-size limit (the body is buffered, up to
-    max_body_bytes, arriving within body_timeout_s)."""
+    max_body_bytes, arriving within body_timeout_s). Nothing behind it, the engine's
+    queue included, sees a request before its whole body."""
 
     def __init__(self, app: ASGIApp, access: Access, max_body_bytes: int, body_timeout_s: float):
         self.app, self.access = app, access

@@ -73,7 +73,7 @@ class Proposal:
 
 def _ssd_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
     from .ssd.client import SSDProposer
-    return SSDProposer(llm.speculator().open, spec.ssd, k=spec.k,
+    return SSDProposer(llm.speculator().open, spec.ssd, k=spec.k, p_min=spec.p_min,
                        fallback=lambda: DraftModelProposer(llm.draft, p_min=spec.p_min), name=f"ssd:{llm.draft.name}")
 
 

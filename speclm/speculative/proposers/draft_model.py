@@ -20,6 +20,13 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return n
 
 
+def confidence_stop(logits: np.ndarray, p_min: float, i: int) -> bool:
+    """Whether a draft stops before its token i (0-based), drafted from `logits`: the
+    draft's top-1 probability there falls below p_min (never before the first token; 0: never).
+    Only the draft's length changes: every token drafted keeps its exact q."""
+    return p_min > 0.0 and i > 0 and float(softmax(logits).max()) < p_min
+
+
 class DraftModelProposer(Proposer):
     """Drafts autoregressively with `backend`; rolls its KV back to the longest
     prefix it shares with the new context (O(1)), then feeds the rest."""
@@ -54,8 +61,8 @@ class DraftModelProposer(Proposer):
             return draft
         logits = self._sync(context)
         for i in range(k):
-            if self.p_min > 0.0 and i > 0 and float(softmax(logits).max()) < self.p_min:
-                break  # a confidence stop: q stays exact for every token proposed
+            if confidence_stop(logits, self.p_min, i):
+                break
             q = target_probs(logits, params)
             tok = int(np.argmax(q)) if params.greedy else draw(q, params, rng, len(context) + i)
             draft.tokens.append(tok)

@@ -336,9 +336,11 @@ class SSDProposer(Proposer):
     """Proposes the speculator's blocks; falls back to `fallback()` if it is lost."""
 
     def __init__(self, open_channel: Callable[[], object], opts: SSDOptions, k: int,
-                 fallback: Callable[[], Proposer], name: str = "ssd"):
-        """k: the block length the speculator drafts (SpecConfig.k)."""
+                 fallback: Callable[[], Proposer], name: str = "ssd", p_min: float = 0.0):
+        """k: the block length the speculator drafts (SpecConfig.k); p_min: where its
+        drafts stop (SpecConfig.p_min), sent in the start message."""
         self.open_channel, self.opts, self.k, self.make_fallback = open_channel, opts, k, fallback
+        self.p_min = p_min
         self.name = name
         self.channel = None
         self.sync_proposer: Proposer | None = None
@@ -359,8 +361,7 @@ class SSDProposer(Proposer):
 
     def _start_header(self, context: list[int], params: SamplingParams) -> dict:
         return {"op": "start", "context": list(context), "params": params_to_dict(params),
-                "opts": self.opts.to_dict(), "k": self.k,
-                "seed": params.seed}
+                "opts": self.opts.to_dict(), "k": self.k, "seed": params.seed, "p_min": self.p_min}
 
     def propose(self, context: list[int], k: int, params: SamplingParams,
                 rng: np.random.Generator) -> Draft:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ...backends.base import Backend
 from ...sampling import SamplingParams, draw, softmax, target_probs
-from ..proposers.draft_model import common_prefix_len
+from ..proposers.draft_model import common_prefix_len, confidence_stop
 from ..proposers.ngram import find_continuation
 from .fanout import AcceptanceEstimate, allocate_fanout, candidates, outcome_probs, saguaro
 from .options import FALLBACKS, SSDOptions  # noqa: F401  (re-exported)
@@ -46,13 +46,13 @@ class Block:
 @dataclass
 class _Branch:
     """A pre-drafted continuation for outcome (k, t): its KV sequence holds
-    ctx + block[:k] + [t] + tokens[:-1]."""
+    ctx + block[:k] + [t] + tokens[:-1] (+ tokens[-1] once a confidence stop ended it)."""
 
     k: int
     t: int
     seq: int
     prior: float  # the outcome's estimated probability: branches are drafted in this order
-    want: int  # tokens to draft: K, or fewer where the context ends
+    want: int  # tokens to draft: K, or fewer where the context ends or a confidence stop cut it
     tokens: list[int] = field(default_factory=list)
     q: list[np.ndarray | None] = field(default_factory=list)
     logits: list[np.ndarray] = field(default_factory=list)
@@ -63,10 +63,12 @@ class SpeculatorSession:
 
     def __init__(self, backend: Backend, context: list[int], params: SamplingParams,
                  opts: SSDOptions, k: int, seed: int | None = None, live_sessions=lambda: 1,
-                 sessions: int = 1):
+                 sessions: int = 1, p_min: float = 0.0):
         """sessions: how many sessions the backend's sequences are shared by (the
-        verifier's concurrency); live_sessions(): how many are open now."""
-        self.backend, self.params, self.opts, self.k = backend, params, opts, k
+        verifier's concurrency); live_sessions(): how many are open now; p_min: every
+        neural block and pre-drafted branch stops where the draft's top-1 probability
+        falls below it, as DraftModelProposer's drafts do (SpecConfig.p_min)."""
+        self.backend, self.params, self.opts, self.k, self.p_min = backend, params, opts, k, p_min
         self.sessions = sessions
         self.rng = np.random.default_rng(None if seed is None else [seed, 0x55D])
         self.live_sessions = live_sessions
@@ -217,13 +219,17 @@ class SpeculatorSession:
 
     def _draft_step(self) -> bool:
         """One draft forward for the `width` most likely unfinished branches (one
-        batch); False when every branch holds its K tokens (fewer at the context end)."""
+        batch); False when every branch holds its K tokens (fewer at the context end
+        or after a confidence stop)."""
         todo = sorted((b for b in self.branches.values() if len(b.tokens) < b.want),
                       key=lambda b: -b.prior)[:max(1, self.opts.width)]
         if not todo:
             return False
         rows = self.backend.score_batch([(b.seq, [b.tokens[-1] if b.tokens else b.t]) for b in todo])
         for b, row in zip(todo, rows):
+            if confidence_stop(row[-1], self.p_min, len(b.tokens)):
+                b.want = len(b.tokens)
+                continue
             tok, q = self._draw(row[-1], len(self.ctx) + b.k + 1 + len(b.tokens))
             b.tokens.append(tok)
             b.q.append(q)
@@ -261,6 +267,8 @@ class SpeculatorSession:
         logits = self.backend.prefill(self.main, new_ctx[keep:])
         tokens, qs, rows = [], [], []
         for i in range(n):
+            if confidence_stop(logits, self.p_min, i):
+                break
             tok, q = self._draw(logits, len(new_ctx) + i)
             tokens.append(tok)
             qs.append(q)

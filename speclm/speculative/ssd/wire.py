@@ -5,7 +5,7 @@ scalar fields; each array frame is a raw little-endian float64 distribution
 (the exact q a drafted token was drawn from). No pickle: a speculator on
 another machine cannot make the verifier execute anything.
 
-Requests:  {"op": "hello"} | {"op": "start", "sid", "context", "params", "opts", "k", "seed"}
+Requests:  {"op": "hello"} | {"op": "start", "sid", "context", "params", "opts", "k", "seed", "p_min"}
            | {"op": "outcome", "sid", "k", "t"} | {"op": "sync", "sid", "context"}
            | {"op": "close", "sid"} | {"op": "stats"} | {"op": "shutdown"}
 Replies:   {"ok": true, ...} with a block as "tokens", "q_index" (positions
@@ -63,4 +63,5 @@ def opts_from(d: dict) -> SSDOptions:
 def session_from_start(backend, header: dict, live_sessions=lambda: 1, sessions: int = 1) -> SpeculatorSession:
     """The speculator session a "start" request asks for (sessions: how many share the backend)."""
     return SpeculatorSession(backend, header["context"], params_from(header["params"]), opts_from(header["opts"]),
-                             header["k"], header.get("seed"), live_sessions=live_sessions, sessions=sessions)
+                             header["k"], header.get("seed"), live_sessions=live_sessions, sessions=sessions,
+                             p_min=float(header.get("p_min", 0.0)))
