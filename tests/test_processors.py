@@ -178,6 +178,16 @@ def test_the_prediction_is_followed_in_order_and_realigned_after_an_edit():
     assert c[0] < c[1] < c[2] < 1
 
 
+def test_until_the_answer_reaches_the_prediction_its_start_is_the_draft():
+    """An answer that opens with a code fence drafts the file's first line, not the line
+    after the first newline a one-token match would pick."""
+    p = Prediction([10, 11, 5, 12, 13, 5, 14])  # 5: a newline
+    p.follow([90, 91, 5])  # "```python\n"
+    assert p.pos == 0 and p.draft(2).tokens == (10, 11)
+    p.follow([90, 91, 5, 10, 11])
+    assert p.pos == 2
+
+
 def test_prediction_counts_add_up_to_the_prediction():
     counts = prediction_counts([1, 2, 3, 4, 5, 6], [1, 2, 9, 4, 5, 6, 7])
     assert (counts.accepted, counts.rejected) == (5, 1)

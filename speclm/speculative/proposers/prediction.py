@@ -6,7 +6,9 @@ answer agrees with it, the next draft is the prediction's next tokens; when the
 answer leaves it (an inserted, deleted or changed line), drafting resumes at the
 prediction's place whose preceding tokens match the answer's last ones (the
 longest such match, the first at or after the place it left; else the last one
-before it). A prediction only ever drafts: the target verifies every token, so
+before it). Until the answer reaches the prediction (a code fence or a sentence
+before the file), its start is the draft, and only a match of two tokens or
+more moves it. A prediction only ever drafts: the target verifies every token, so
 it can change speed, never the output (docs/methods.md#predicted-outputs).
 
 Each drafted token carries an estimate of its acceptance from the run of answer
@@ -53,11 +55,14 @@ class Prediction:
                 self.left_at, self.pos, self.run = self.pos, None, 0
         self.seen = len(answer)
         if self.pos is None and answer:
-            self._realign(answer[-REALIGN_MAX:])
+            self._realign(answer[-REALIGN_MAX:], least=2 if self.left_at == 0 else 1)
+        if self.pos is None and self.left_at == 0:  # not reached yet (a code fence, a greeting first)
+            self.pos = 0
 
-    def _realign(self, tail: list[int]) -> None:
-        """pos := the end of the longest match of the answer's tail in the prediction
-        (the first at or after left_at, else the last before it); unchanged if none."""
+    def _realign(self, tail: list[int], least: int) -> None:
+        """pos := the end of the longest match, at least `least` tokens, of the answer's
+        tail in the prediction (the first at or after left_at, else the last before it);
+        unchanged if none."""
         ends = np.flatnonzero(self.tokens == tail[-1]) + 1  # prediction[end - 1] == the answer's last token
         depth = 1
         while ends.size and depth < len(tail):
@@ -66,7 +71,7 @@ class Prediction:
             if not longer.size:
                 break
             ends, depth = longer, depth + 1
-        if not ends.size:
+        if not ends.size or depth < least:
             return
         after = ends[ends >= self.left_at]
         self.pos = int(after[0] if after.size else ends[-1])
