@@ -109,6 +109,22 @@ def test_copy_ceiling_learns_across_a_categorys_requests_and_skips_other_records
     assert row["rematch_rounds"] == 30 + 2 and row["rematch_ceiling"] == pytest.approx(60 / 32)
 
 
+def test_a_prediction_ceiling_drafts_the_expected_output_from_its_first_token():
+    """Where a prompt carries a prediction, the drafter given it drafts the answer at once (with
+    an edit inside, realigned after it); categories without predictions have no such column."""
+    answer = list(range(100, 130))
+    predicted = answer[:10] + [7] + answer[10:]  # a token the answer leaves out
+    requests = [_ar("apply", 0, answer), _ar("chat", 0, answer)]
+    prompts = {("apply", 0): [1, 2, 3], ("chat", 0): [1, 2, 3]}
+    flat = {1: 10.0, 17: 10.0}
+    apply, chat = ceiling.copy_ceiling(requests, prompts, {"apply": flat, "chat": flat},
+                                       predictions={("apply", 0): predicted})
+    assert apply["drafter_rounds"] == 30  # nothing to copy without the prediction
+    # the prediction drafts tokens 0-9 (and 7: rejected), the answer realigns on its tail: 3 rounds
+    assert apply["prediction_rounds"] == 3 and apply["prediction_ceiling"] == pytest.approx(30 / 3)
+    assert "prediction_ceiling" not in chat
+
+
 def test_a_rematch_draft_can_splice_sources_where_no_single_occurrence_runs_on():
     """The scaffold 5 6 7 8 ends in an earlier request; the answer goes on as the prompt did after
     7 8. No earlier occurrence of 6 runs on past 8, so the best single copy takes 2 tokens; the

@@ -36,6 +36,7 @@ class Stream:
     prompt: list[int]
     output: list[int]
     max_new_tokens: int
+    prediction: list[int] | None = None  # the client's expected output, where the prompt carried one
 
 
 @dataclass

@@ -23,6 +23,9 @@ is priced by the requests' own forwards:
   itself, as the drafter's does) that turns out longest. The suffix
   drafter's draft is such a run (it follows occurrences of its matched suffix, at
   least one token), so this is what copying could give at best.
+- **prediction**: where the prompts carry Predicted Outputs, the drafter given
+  each stream's prediction as well (its first source), as `auto+prediction`
+  drafts.
 - **rematch**: the drafter with `rematch` on (a draft whose source runs out goes
   on from a new match of the context plus the draft, in any source: one draft
   can follow the answer from the document to earlier outputs and back), so its
@@ -107,10 +110,12 @@ def least_cost(runs: Sequence[int], ratio: Sequence[float]) -> tuple[float, int]
     return cost[0], rounds[0]
 
 
-def streams(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]]) -> list[Stream]:
-    """The greedy_ar records as replayable streams (run order)."""
+def streams(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]],
+            predictions: Mapping[tuple[str, int], list[int]] | None = None) -> list[Stream]:
+    """The greedy_ar records as replayable streams (run order), with their prompts' predictions."""
     return [Stream(r["category"], prompt_ids[(r["category"], r["prompt_index"])], list(r["token_ids"]),
-                   r["max_new_tokens"]) for r in ar if r["token_ids"]]
+                   r["max_new_tokens"], (predictions or {}).get((r["category"], r["prompt_index"])))
+            for r in ar if r["token_ids"]]
 
 
 def replay_fields(replayed: Replayed, row: dict) -> dict:
@@ -190,13 +195,15 @@ def least_costs(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]
 
 
 def drafter_ceiling(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]], k_max: int,
-                    suffix: SuffixConfig) -> dict[str, Totals]:
+                    suffix: SuffixConfig, predicted: bool = False) -> dict[str, Totals]:
     """least_costs of the suffix drafter with these settings (one cache shared by all the
-    streams, as the LLM's is)."""
+    streams, as the LLM's is); predicted: given each stream's prediction too."""
     cache = SuffixCache()
 
     def runs_of(s: Stream) -> list[int]:
         proposer = SuffixProposer(cache, suffix)
+        if predicted and s.prediction is not None:
+            proposer.predict(s.prediction)
         proposer.begin(s.prompt, SamplingParams(temperature=0.0))
         runs = drafter_runs(proposer, s.prompt, s.output, k_max)
         proposer.close()
@@ -218,14 +225,19 @@ def best_ceiling(streams: Sequence[Stream], curves: Mapping[str, dict[int, float
 
 def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]],
                  curves: Mapping[str, dict[int, float]], *, k_max: int = 16,
-                 suffix: SuffixConfig | None = None, methods: Sequence[str] = ()) -> list[dict]:
+                 suffix: SuffixConfig | None = None, methods: Sequence[str] = (),
+                 predictions: Mapping[tuple[str, int], list[int]] | None = None) -> list[dict]:
     """One row per category (run order) from one target's greedy_ar records (run order).
     prompt_ids: (category, index) -> the ids the run encoded; curves: category -> v(b) in ms.
     `methods`: the run's methods that draft by suffix (the report compares them). Beside the
-    run's drafter, the same drafter with rematch on (a draft may go on from another source)."""
+    run's drafter, the same drafter with rematch on (a draft may go on from another source),
+    and in a category whose prompts carry `predictions` ((category, index) -> ids), the
+    drafter given them."""
     suffix = suffix or SuffixConfig()
-    runs = streams(ar, prompt_ids)
+    runs = streams(ar, prompt_ids, predictions)
     mine = drafter_ceiling(runs, curves, k_max, suffix)
+    predicted = drafter_ceiling(runs, curves, k_max, suffix, predicted=True)
+    has_prediction = {s.category for s in runs if s.prediction is not None}
     multi = drafter_ceiling(runs, curves, k_max, dataclasses.replace(suffix, rematch=True))
     best = best_ceiling(runs, curves, k_max)
     return [{"category": cat, "target_name": ar[0].get("target_name"),
@@ -236,4 +248,6 @@ def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]
              "drafter_ceiling": t.ceiling,
              "rematch_rounds": multi[cat].rounds, "rematch_ceiling": multi[cat].ceiling,
              "best_rounds": best[cat].rounds, "best_tokens_per_round": t.tokens / best[cat].rounds,
-             "best_ceiling": best[cat].ceiling} for cat, t in mine.items()]
+             "best_ceiling": best[cat].ceiling,
+             **({"prediction_rounds": predicted[cat].rounds, "prediction_ceiling": predicted[cat].ceiling}
+                if cat in has_prediction else {})} for cat, t in mine.items()]

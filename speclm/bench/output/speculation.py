@@ -59,6 +59,7 @@ def ceiling_section(ceilings: list[dict], rows: Sequence[dict], several_targets:
              _replayed(c),
              f"{c['drafter_ceiling']:.2f}× ({c['drafter_tokens_per_round']:.2f} tok/round)",
              f"{c['rematch_ceiling']:.2f}×" if "rematch_ceiling" in c else "-",
+             f"{c['prediction_ceiling']:.2f}×" if "prediction_ceiling" in c else "-",
              f"{c['best_ceiling']:.2f}× ({c['best_tokens_per_round']:.2f} tok/round)") for c in ceilings]
     md = ["Decode-only speedup over AR that a perfect controller (knowing how many drafted tokens the target "
           "will accept, it picks every round's K for the least total cost) would reach with this run's cost "
@@ -67,19 +68,25 @@ def ceiling_section(ceilings: list[dict], rows: Sequence[dict], several_targets:
           "outputs in run order; an estimate, which a measured figure can pass by the curve's noise. "
           "`suffix drafter`: this run's suffix drafter with a fresh cache. `rematch`: the same drafter with "
           "`--suffix-rematch` (a draft whose source runs out goes on from a new match in any source). "
-          "`best occurrence`: an oracle "
+          "`with prediction`: the drafter given each prompt's prediction too (Predicted Outputs; categories "
+          "whose prompts carry one). `best occurrence`: an oracle "
           "that copies the longest verbatim continuation of any earlier occurrence of the last token (what "
           "copying could give at best). A measured figure near the first ceiling means the controller loses "
           "little; a low ceiling means the workload offers little to copy. `auto replayed`: method auto's "
           "controller replayed on the same outputs at the same curve without the model (`speclm bench replay`), "
           "and the share of the ceiling's gain it keeps, (speedup − 1) / (ceiling − 1).", "",
           md_table(("category", "measured decode-only", "auto replayed (kept)", "ceiling: suffix drafter",
-                    "ceiling: rematch", "ceiling: best occurrence"), body)]
+                    "ceiling: rematch", "ceiling: with prediction", "ceiling: best occurrence"), body)]
     console = [f"copy ceiling for {escape(c['category'])}"
                f"{' on ' + escape(c['target_name']) if several_targets else ''}: "
                f"a perfect controller would reach {c['drafter_ceiling']:.2f}× AR decode-only with these suffix "
-               f"drafts, {c['best_ceiling']:.2f}× with the best copy (report.md)" for c in ceilings]
+               f"drafts{_with_prediction(c)}, {c['best_ceiling']:.2f}× with the best copy (report.md)"
+               for c in ceilings]
     return Section("Copy ceiling (greedy)", {"copy_ceiling": ceilings}, md, console)
+
+
+def _with_prediction(c: dict) -> str:
+    return f", {c['prediction_ceiling']:.2f}× given the predictions" if "prediction_ceiling" in c else ""
 
 
 def _replayed(c: dict) -> str:

@@ -114,11 +114,14 @@ def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict],
     seen, forwards = ceiling.observed_curves(timed, ceiling.read_rounds(out_dir), ar[0].get("target_name"))
     # rounded once, as summary.json stores them, so `speclm bench replay` prices exactly as this run did
     curves = {cat: {b: round(ms, 2) for b, ms in curve.items()} for cat, curve in seen.items()}
-    rows = ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods)
+    predictions = {(p.category, p.index): llm.prediction_ids(p.prediction, "suffix", cfg.base)
+                   for p in prompts if p.prediction is not None}
+    rows = ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods,
+                                predictions=predictions)
     for row in rows:
         row["timed_v_ms"] = {str(b): round(ms, 2) for b, ms in timed[row["category"]].items()}
         row["forwards"] = {str(b): n for b, n in forwards[row["category"]].items()}
-    streams = ceiling.streams(ar, ids)
+    streams = ceiling.streams(ar, ids, predictions)
     with open(out_dir / "streams.jsonl", "a", encoding="utf-8") as fh:
         for s in streams:
             fh.write(json.dumps({"target_name": ar[0].get("target_name"), **dataclasses.asdict(s)}) + "\n")
