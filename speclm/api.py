@@ -275,7 +275,7 @@ class LLM:
         controller = method.controller(self, spec) if method.controller is not None and proposal else None
         proposer = PROPOSALS[proposal].make(self, spec) if proposal is not None else None
         if predicted is not None:
-            proposer.predict(predicted)
+            proposer.predict(predicted, self.target.token_bytes)
         return Generation(self.target, proposer, prompt_ids, params, spec.effective_k,
                           method=spec.method, on_text=on_text, controller=controller,
                           threads=method.threads(self, spec), prefix_cache=self.prefix_cache,

@@ -178,6 +178,19 @@ def test_the_prediction_is_followed_in_order_and_realigned_after_an_edit():
     assert c[0] < c[1] < c[2] < 1
 
 
+def test_after_a_substitution_of_as_many_bytes_drafting_resumes_right_after_it():
+    """A typo fixed ("teh" -> "the": two tokens replaced by one of as many bytes) resumes after the
+    typo, where a one-token match of the common word would jump to its next occurrence."""
+    pieces = {1: b" over", 2: b" te", 3: b"h", 4: b" quick", 5: b" fox", 6: b" the", 7: b" dog"}
+    tokens = [1, 2, 3, 4, 5, 1, 6, 7]  # " over teh quick fox over the dog"
+    p = Prediction(tokens, pieces.__getitem__)
+    p.follow([1, 6])  # " over the": left at 1 (" te"); 4 bytes for 4 bytes
+    assert p.pos == 3 and p.draft(2).tokens == (4, 5)
+    blind = Prediction(tokens)  # without the tokenizer's bytes: the next " the"
+    blind.follow([1, 6])
+    assert blind.pos == 7 and blind.draft(1).tokens == (7,)
+
+
 def test_until_the_answer_reaches_the_prediction_its_start_is_the_draft():
     """An answer that opens with a code fence drafts the file's first line, not the line
     after the first newline a one-token match would pick."""

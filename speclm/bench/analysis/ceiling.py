@@ -195,15 +195,17 @@ def least_costs(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]
 
 
 def drafter_ceiling(streams: Sequence[Stream], curves: Mapping[str, dict[int, float]], k_max: int,
-                    suffix: SuffixConfig, predicted: bool = False) -> dict[str, Totals]:
+                    suffix: SuffixConfig, predicted: bool = False,
+                    piece: Callable[[int], bytes] | None = None) -> dict[str, Totals]:
     """least_costs of the suffix drafter with these settings (one cache shared by all the
-    streams, as the LLM's is); predicted: given each stream's prediction too."""
+    streams, as the LLM's is); predicted: given each stream's prediction too (piece: the
+    tokenizer's bytes per token, as the live drafter has them)."""
     cache = SuffixCache()
 
     def runs_of(s: Stream) -> list[int]:
         proposer = SuffixProposer(cache, suffix)
         if predicted and s.prediction is not None:
-            proposer.predict(s.prediction)
+            proposer.predict(s.prediction, piece)
         proposer.begin(s.prompt, SamplingParams(temperature=0.0))
         runs = drafter_runs(proposer, s.prompt, s.output, k_max)
         proposer.close()
@@ -226,17 +228,18 @@ def best_ceiling(streams: Sequence[Stream], curves: Mapping[str, dict[int, float
 def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]],
                  curves: Mapping[str, dict[int, float]], *, k_max: int = 16,
                  suffix: SuffixConfig | None = None, methods: Sequence[str] = (),
-                 predictions: Mapping[tuple[str, int], list[int]] | None = None) -> list[dict]:
+                 predictions: Mapping[tuple[str, int], list[int]] | None = None,
+                 piece: Callable[[int], bytes] | None = None) -> list[dict]:
     """One row per category (run order) from one target's greedy_ar records (run order).
     prompt_ids: (category, index) -> the ids the run encoded; curves: category -> v(b) in ms.
     `methods`: the run's methods that draft by suffix (the report compares them). Beside the
     run's drafter, the same drafter with rematch on (a draft may go on from another source),
     and in a category whose prompts carry `predictions` ((category, index) -> ids), the
-    drafter given them."""
+    drafter given them (piece: the tokenizer's bytes per token)."""
     suffix = suffix or SuffixConfig()
     runs = streams(ar, prompt_ids, predictions)
     mine = drafter_ceiling(runs, curves, k_max, suffix)
-    predicted = drafter_ceiling(runs, curves, k_max, suffix, predicted=True)
+    predicted = drafter_ceiling(runs, curves, k_max, suffix, predicted=True, piece=piece)
     has_prediction = {s.category for s in runs if s.prediction is not None}
     multi = drafter_ceiling(runs, curves, k_max, dataclasses.replace(suffix, rematch=True))
     best = best_ceiling(runs, curves, k_max)

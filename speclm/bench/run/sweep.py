@@ -117,7 +117,7 @@ def _copy_ceiling(llm: LLM, prompts: Sequence[Prompt], requests: Sequence[dict],
     predictions = {(p.category, p.index): llm.prediction_ids(p.prediction, "suffix", cfg.base)
                    for p in prompts if p.prediction is not None}
     rows = ceiling.copy_ceiling(ar, ids, curves, k_max=k_max, suffix=cfg.base.suffix, methods=methods,
-                                predictions=predictions)
+                                predictions=predictions, piece=llm.target.token_bytes)
     for row in rows:
         row["timed_v_ms"] = {str(b): round(ms, 2) for b, ms in timed[row["category"]].items()}
         row["forwards"] = {str(b): n for b, n in forwards[row["category"]].items()}

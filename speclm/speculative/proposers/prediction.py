@@ -6,9 +6,12 @@ answer agrees with it, the next draft is the prediction's next tokens; when the
 answer leaves it (an inserted, deleted or changed line), drafting resumes at the
 prediction's place whose preceding tokens match the answer's last ones (the
 longest such match, the first at or after the place it left; else the last one
-before it). Until the answer reaches the prediction (a code fence or a sentence
-before the file), its start is the draft, and only a match of two tokens or
-more moves it. A prediction only ever drafts: the target verifies every token, so
+before it). A short substitution comes first: where the answer's text since it
+left is as long, in bytes, as the prediction's next few tokens (a typo fixed,
+a number or a name changed), drafting resumes right after those tokens, since
+a one-token match of a common word would jump to its next occurrence. Until
+the answer reaches the prediction (a code fence or a sentence before the
+file), its start is the draft, and only a match of two tokens or more moves it. A prediction only ever drafts: the target verifies every token, so
 it can change speed, never the output (docs/methods.md#predicted-outputs).
 
 Each drafted token carries an estimate of its acceptance from the run of answer
@@ -19,6 +22,7 @@ these drafts in cells of their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from difflib import SequenceMatcher
 
 import numpy as np
@@ -28,6 +32,7 @@ from .suffix_index import Match
 
 PRIOR = 4  # pseudo-agreements behind every estimate: a fresh alignment starts at 0.8
 REALIGN_MAX = 16  # the longest tail of the answer matched against the prediction to realign
+SUBSTITUTION_MAX = 32  # bytes of answer text since it left the prediction that may replace as many
 
 
 class Prediction:
@@ -35,11 +40,14 @@ class Prediction:
 
     source = "prediction"
 
-    def __init__(self, tokens: list[int]):
+    def __init__(self, tokens: list[int], piece: Callable[[int], bytes] | None = None):
+        """piece(id): the bytes a token decodes to (None: no substitution rule)."""
         self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.piece = piece
         self.pos: int | None = 0  # the prediction's next expected token (None: the answer left it)
         self.run = 0  # answer tokens in a row that agreed with the prediction, up to pos
         self.left_at = 0  # where the answer last left the prediction
+        self.left_answer = 0  # the answer's first token after it left
         self.seen = 0  # answer tokens followed so far
 
     def __len__(self) -> int:
@@ -47,17 +55,34 @@ class Prediction:
 
     def follow(self, answer: list[int]) -> None:
         """Read the answer's new tokens; realign once it has left the prediction."""
-        for t in answer[self.seen:]:
-            if self.pos is not None and self.pos < self.tokens.size and self.tokens[self.pos] == t:
+        for i in range(self.seen, len(answer)):
+            if self.pos is not None and self.pos < self.tokens.size and self.tokens[self.pos] == answer[i]:
                 self.pos += 1
                 self.run += 1
             elif self.pos is not None:
-                self.left_at, self.pos, self.run = self.pos, None, 0
+                self.left_at, self.left_answer, self.pos, self.run = self.pos, i, None, 0
         self.seen = len(answer)
+        if self.pos is None and self.left_at > 0:
+            self._substitute(answer[self.left_answer:])
         if self.pos is None and answer:
             self._realign(answer[-REALIGN_MAX:], least=2 if self.left_at == 0 else 1)
         if self.pos is None and self.left_at == 0:  # not reached yet (a code fence, a greeting first)
             self.pos = 0
+
+    def _substitute(self, since: list[int]) -> None:
+        """pos := left_at + n where the prediction's n tokens from left_at are exactly as many
+        bytes as the answer's tokens since it left (at most SUBSTITUTION_MAX); unchanged if none."""
+        if self.piece is None:
+            return
+        need = sum(len(self.piece(t)) for t in since)
+        if need > SUBSTITUTION_MAX:
+            return
+        size, end = 0, self.left_at
+        while size < need and end < self.tokens.size:
+            size += len(self.piece(int(self.tokens[end])))
+            end += 1
+        if size == need and end > self.left_at:
+            self.pos, self.run = end, 0
 
     def _realign(self, tail: list[int], least: int) -> None:
         """pos := the end of the longest match, at least `least` tokens, of the answer's

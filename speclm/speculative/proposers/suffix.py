@@ -17,6 +17,8 @@ source, checked first: the client's prediction of its output (prediction.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ...sampling import SamplingParams
@@ -51,9 +53,10 @@ class SuffixProposer(Proposer):
         self.prediction: Prediction | None = None
         self.counts = {"lookups": 0, "own_hits": 0, "cache_hits": 0, "misses": 0, "drafted": 0}
 
-    def predict(self, tokens: list[int]) -> None:
-        """The client's expected output: a source followed in order, matched first."""
-        self.prediction = Prediction(tokens)
+    def predict(self, tokens: list[int], piece: Callable[[int], bytes] | None = None) -> None:
+        """The client's expected output: a source followed in order, matched first
+        (piece: the tokenizer's bytes per token, for realigning after a substitution)."""
+        self.prediction = Prediction(tokens, piece)
         self.counts["prediction_hits"] = 0
 
     def _sync(self, context: list[int]) -> None:
