@@ -153,7 +153,9 @@ def test_a_prediction_changes_speed_never_the_output(llm, sampling, method):
         res = llm.generate(PROMPT, params, spec, prediction=prediction)
         assert res.token_ids == ar.token_ids
         assert res.prediction.accepted + res.prediction.rejected == len(prediction)
-    exact = llm.generate(PROMPT, params, spec, prediction=ar.token_ids)
+    with toy_llm() as fresh:  # auto's calibration is the scope's: the unrelated predictions above taught it
+        exact = fresh.generate(PROMPT, params, spec, prediction=ar.token_ids)
+    assert exact.token_ids == ar.token_ids
     assert exact.prediction.accepted == len(ar.token_ids) and exact.prediction.rejected == 0
     assert exact.summary.rounds < ar.summary.rounds  # the prediction drafted, and paid
 

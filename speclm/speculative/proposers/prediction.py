@@ -82,7 +82,7 @@ class Prediction:
             size += len(self.piece(int(self.tokens[end])))
             end += 1
         if size == need and end > self.left_at:
-            self.pos, self.run = end, 0
+            self.pos, self.run = end, 1
 
     def _realign(self, tail: list[int], least: int) -> None:
         """pos := the end of the longest match, at least `least` tokens, of the answer's

@@ -30,7 +30,9 @@ from .suffix_index import Match, SuffixCache, SuffixConfig, SuffixIndex
 class SuffixProposer(Proposer):
     """Drafts from the request's own context first, then the shared cache.
 
-    Both sources are matched; the draft with the higher expected accepted
+    A request's prediction (predict()) drafts first while the answer follows it
+    (it agreed with the prediction's last token, or realigned on it); otherwise
+    it competes like the others. Both sources are matched; the draft with the higher expected accepted
     length wins, the own context on ties. With config.rematch, a draft whose
     source runs out before k tokens goes on from a new match of the context
     plus the draft so far (in either source), and names every token's origin
@@ -84,8 +86,8 @@ class SuffixProposer(Proposer):
         cfg, query = self.config, context + drafted if drafted else context
         best, source = self._own.draft(query, k, cfg, virtual=True, prob=prob, drafted=tuple(drafted)), "own"
         if self.prediction is not None and not drafted:
-            predicted = self.prediction.draft(k)
-            if predicted.expected >= best.expected:
+            predicted = self.prediction.draft(k)  # first while the answer follows it; else the likelier
+            if predicted.tokens and (self.prediction.run > 0 or predicted.expected >= best.expected):
                 best, source = predicted, Prediction.source
         if self.cache is not None and (best.expected < len(best.tokens) or len(best.tokens) < k):
             other = self.cache.draft(query, k, cfg, prob=prob)
