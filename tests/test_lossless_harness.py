@@ -426,7 +426,7 @@ _AR_SEEDED: dict[tuple, list[tuple[int, ...]]] = {}
 def seeded_ar(case: Case, n: int) -> list[tuple[int, ...]]:
     """ar's samples for seeds 0..n-1 under the case's settings (shared by the cases that
     differ only in method)."""
-    key = (tuple(sorted(case.sampling.items())), case.eos, case.stop, case.spec.k, n)
+    key = (repr(sorted(case.sampling.items())), case.eos, case.stop, case.spec.k, n)  # repr: a bias is a dict
     if key not in _AR_SEEDED:
         _AR_SEEDED[key] = run_case(ar_twin(case), n, seeded=True).samples
     return _AR_SEEDED[key]
