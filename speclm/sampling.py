@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .constraints import Grammar
 from .errors import InvalidRequestError
 from .metrics import TokenLogprob
 from .options import option
@@ -81,6 +82,9 @@ class SamplingParams:
     prompt_logprobs: int | None = option(None, "report each prompt token's log-probability and the N most "
                                          f"likely alternatives (0..{MAX_LOGPROBS}); allows max-new-tokens 0",
                                          kind=int)
+    grammar: Grammar | None = option(None, "what the output must match: a speclm.Grammar (a JSON schema, any "
+                                     "JSON object, a regex, a Lark grammar); the commands' --json-schema and "
+                                     "the server's response_format set it", cli=False)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -92,6 +96,7 @@ class SamplingParams:
         else:
             raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r}")
         object.__setattr__(self, "logit_bias", normalised_bias(self.logit_bias))
+        object.__setattr__(self, "grammar", Grammar.of(self.grammar))
         validate_sampling(self)
 
     @property
@@ -135,6 +140,9 @@ def validate_sampling(p: SamplingParams) -> None:
         if value is not None and (not is_int(value) or not 0 <= value <= MAX_LOGPROBS):
             raise InvalidRequestError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] (alternatives per "
                                       f"token), got {value!r}")
+    if p.grammar is not None and p.ignore_eos:
+        raise InvalidRequestError("ignore_eos cannot be combined with a grammar: the grammar ends the output "
+                                  "with the end-of-text token once it is complete")
 
 
 def _number(x: object) -> bool:

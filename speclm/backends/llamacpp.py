@@ -117,6 +117,11 @@ class LlamaCppBackend(Backend):
             raise BackendError(f"tokenizer failed on a {len(data)}-byte text")
         return list(buf[:n])
 
+    @property
+    def llama_vocab(self):
+        """llama.cpp's vocabulary handle (the grammar engine builds its tokenizer from it)."""
+        return self._vocab
+
     def token_bytes(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:

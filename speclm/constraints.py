@@ -1,0 +1,236 @@
+"""Structured outputs: a grammar the output must match, as a per-row logit processor.
+
+A `Grammar` (JSON schema, any JSON object, a regex or a Lark grammar) is a
+sampling setting; `GrammarMask` is one request's matcher for it (llguidance,
+the grammar engine llama.cpp and vLLM use). Contracts, the same as
+`sampling.Processors`':
+
+- `process(rows, draft)`: row i masked with the grammar's state after the
+  output so far plus draft[:i] (tokens it forbids get logit -inf), so every
+  row is masked as constrained plain decoding masks it at that position.
+- `advance(tokens)`: the request emitted tokens; only these enter the state
+  (a draft is consumed for the masks and rolled back).
+- `shape(draft, room, params)`: stage 1's use of the grammar. A draft is
+  clipped at its first token the grammar forbids (that token can never be
+  accepted) and the tokens the grammar forces after it (llguidance's
+  fast-forward tokens) are appended as deterministic drafts: they cost only
+  their rows in the verify forward (docs/design.md#structured-outputs).
+
+Lossless: the target distribution of a constrained request is the masked p,
+and speculation accepts and resamples against exactly that p. Clipping is
+lossless for a deterministic draft token (its residual is p itself, as p gives
+the forbidden token 0) and for greedy or seeded requests; a token drawn from a
+q by an unseeded sampled request keeps its forbidden token in the block, so it
+is rejected and the next token drawn from the residual max(0, p - q) as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidRequestError
+
+# Grammar kinds a request may name, with what their text holds.
+KINDS = {"json_schema": "a JSON schema (JSON text)", "regex": "a regular expression",
+         "lark": "a Lark grammar (llguidance's dialect)"}
+# JSON layout the schema grammars force: one space after ':' and ',' (Python's json.dumps),
+# no other whitespace, so keys, quotes and separators are forced runs.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What the output must match: kind in KINDS, text its source."""
+
+    kind: str
+    text: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InvalidRequestError(f"grammar kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise InvalidRequestError(f"the {self.kind} grammar is empty: give {KINDS[self.kind]}")
+
+    @classmethod
+    def json_schema(cls, schema: dict | str) -> Grammar:
+        """The output is one JSON value valid under `schema` (a dict or its JSON text)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise InvalidRequestError(f"the JSON schema is not valid JSON: {e}") from None
+        if not isinstance(schema, dict):
+            raise InvalidRequestError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
+        return cls("json_schema", json.dumps(schema, sort_keys=True))
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        """Any JSON object (OpenAI's response_format json_object)."""
+        return cls.json_schema({"type": "object"})
+
+    @classmethod
+    def regex(cls, pattern: str) -> Grammar:
+        """The output matches `pattern` (whole)."""
+        return cls("regex", pattern)
+
+    @classmethod
+    def lark(cls, grammar: str) -> Grammar:
+        """The output is a sentence of a Lark grammar (llguidance's dialect: `start` is the
+        root, %json{...} embeds a JSON schema, <name> a special token)."""
+        return cls("lark", grammar)
+
+    @classmethod
+    def of(cls, value: object) -> Grammar | None:
+        """A Grammar from itself, None, or its dict form ({"kind", "text"}, as the SSD wire sends it)."""
+        if value is None or isinstance(value, Grammar):
+            return value
+        if isinstance(value, dict) and set(value) == {"kind", "text"}:
+            return cls(value["kind"], value["text"])
+        raise InvalidRequestError(f"grammar must be a speclm.Grammar, got {value!r}")
+
+    def source(self) -> str:
+        """The grammar in llguidance's serialized form."""
+        from llguidance import LLMatcher
+        if self.kind == "json_schema":
+            return LLMatcher.grammar_from_json_schema(self.text, overrides=JSON_LAYOUT)
+        if self.kind == "regex":
+            return LLMatcher.grammar_from_regex(self.text)
+        return LLMatcher.grammar_from_lark(self.text)
+
+
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> its llguidance tokenizer
+
+
+def tokenizer_for(backend):
+    """llguidance's view of the backend's vocabulary (built once per backend, ~1-2 s on a
+    150k vocabulary). llama.cpp: llguidance's own bridge over the GGUF vocabulary (control
+    and <...> user tokens are special, text tokens are their bytes); any other backend:
+    its token bytes and tokenizer, with its end tokens special."""
+    tok = _TOKENIZERS.get(backend)
+    if tok is not None:
+        return tok
+    eos = sorted(backend.eos_ids)
+    if not eos:
+        raise InvalidRequestError(f"{backend.name} has no end-of-text token, so a grammar cannot end: "
+                                  "structured outputs need a model with one")
+    vocab = getattr(backend, "llama_vocab", None)
+    if vocab is not None:
+        from llguidance.llamacpp import lltokenizer_from_vocab
+        tok = lltokenizer_from_vocab(vocab, n_vocab=backend.vocab_size, eos_token=eos)
+    else:
+        from llguidance import LLTokenizer, TokenizerWrapper
+        tok = LLTokenizer(TokenizerWrapper(_Vocabulary(backend, eos)), n_vocab=backend.vocab_size, eos_token=eos)
+    _TOKENIZERS[backend] = tok
+    return tok
+
+
+class _Vocabulary:
+    """A backend's vocabulary in the shape llguidance's TokenizerWrapper reads."""
+
+    def __init__(self, backend, eos: list[int]):
+        self.backend = backend
+        self.eos_token_id, self.bos_token_id = eos[0], backend.bos_id
+        self.special_token_ids = eos
+        self.tokens = [b"\xff<eos>" if t in eos else backend.token_bytes(t) for t in range(backend.vocab_size)]
+
+    def __call__(self, text: str) -> list[int]:
+        return self.backend.tokenize(text, add_special=False, special=False)
+
+
+def check_grammar(grammar: Grammar, backend) -> str:
+    """The grammar's llguidance form, or InvalidRequestError with llguidance's message."""
+    from llguidance import LLMatcher
+    try:
+        source = grammar.source()
+    except ValueError as e:
+        raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {e}") from None
+    error = LLMatcher.validate_grammar(source, tokenizer_for(backend))
+    if error and not error.startswith("WARNING"):
+        raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {error.strip()}")
+    return source
+
+
+class GrammarMask:
+    """One request's grammar state: masks rows, clips drafts, supplies forced tokens."""
+
+    def __init__(self, grammar: Grammar, backend):
+        from llguidance import LLMatcher
+        self.grammar, self.vocab_size = grammar, backend.vocab_size
+        self.matcher = LLMatcher(tokenizer_for(backend), check_grammar(grammar, backend), log_level=0)
+        self._check()
+        self.forced_emitted = 0  # emitted tokens that were drafted because the grammar forced them
+
+    def _check(self) -> None:
+        if self.matcher.is_error():
+            raise InvalidRequestError(f"the {self.grammar.kind} grammar failed: {self.matcher.get_error()}")
+
+    def allowed(self) -> np.ndarray:
+        """Which tokens the grammar allows next (bool per vocabulary entry)."""
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        return np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of tokens the grammar accepts in order from the current state."""
+        return self.matcher.validate_tokens(list(tokens)) if tokens else 0
+
+    def process(self, rows: np.ndarray, draft: list[int]) -> np.ndarray:
+        """A copy of rows with row i masked after draft[:i]; rows past a draft token the
+        grammar forbids (never accepted: p gives it 0) repeat the last mask."""
+        out = np.array(rows, dtype=np.float64)
+        consumed = 0
+        allowed = self.allowed()
+        for i, row in enumerate(out):
+            if i and consumed == i - 1 and self.valid_prefix([draft[i - 1]]) == 1:
+                self.matcher.consume_token(draft[i - 1])
+                consumed += 1
+                allowed = self.allowed()
+            row[~allowed] = -np.inf
+        if consumed:
+            self.matcher.rollback(consumed)
+        self._check()
+        return out
+
+    def advance(self, tokens: list[int]) -> None:
+        """The request emitted tokens (each one the masked p allowed; once the grammar is
+        complete, only an end token, which ends the request)."""
+        for token in tokens:
+            if self.matcher.is_stopped():
+                return
+            if not self.matcher.consume_token(int(token)):
+                raise RuntimeError(f"grammar state lost: emitted token {token} was not allowed "
+                                   f"({self.matcher.get_error()})")
+
+    def shape(self, draft, room: int, params) -> int:
+        """Clip draft (a proposers.base.Draft, in place) to what the grammar allows, then
+        append the tokens it forces after it, to at most `room` tokens in all. Returns
+        where the forced tokens start in the draft (its length when none were added)."""
+        n = self.valid_prefix(draft.tokens)
+        if n < len(draft):
+            drawn = draft.q[n] is not None and not params.greedy and params.seed is None
+            draft.truncate(n + 1 if drawn else n)
+            if drawn:  # its rejection draws from the residual of its q (module docstring)
+                return len(draft)
+        start = len(draft)
+        if start >= room or self.matcher.is_stopped():
+            return start
+        self.matcher.consume_tokens(list(draft.tokens))
+        forced = self.matcher.compute_ff_tokens()[:room - start]
+        if draft.tokens:
+            self.matcher.rollback(start)
+        self._check()
+        if not forced:
+            return start
+        if draft.confidence is not None or not draft.tokens:
+            draft.confidence = [*(draft.confidence or []), *[1.0] * len(forced)]
+        if draft.tokens and draft.origins is None and draft.source is not None:  # name each token's source
+            draft.origins = tuple((draft.source, (draft.match_len or 0) + j) for j in range(len(draft)))
+        if draft.origins is not None or draft.tokens:
+            draft.origins = (*(draft.origins or ()), *[("grammar", 0)] * len(forced))
+        draft.source = draft.source or "grammar"
+        draft.tokens += forced
+        draft.q += [None] * len(forced)
+        return start
