@@ -187,6 +187,7 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when SamplingParams.logprobs asked
     prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token (the first's logprob: None)
     prediction: PredictionCounts | None = None  # the request's prediction, used and unused
+    forced_tokens: int | None = None  # a constrained request: emitted tokens drafted because its grammar forced them
 
     def to_dict(self) -> dict:
         return {
@@ -204,5 +205,6 @@ class GenerationResult:
             **({"prompt_logprobs": [t.to_dict() for t in self.prompt_logprobs]}
                if self.prompt_logprobs is not None else {}),
             **({"prediction": asdict(self.prediction)} if self.prediction is not None else {}),
+            **({"forced_tokens": self.forced_tokens} if self.forced_tokens is not None else {}),
             "rounds": [r.to_dict() for r in self.rounds],
         }

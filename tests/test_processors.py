@@ -244,4 +244,4 @@ def test_a_request_without_processors_has_none():
     assert not SamplingParams().processed
     assert all(SamplingParams(**{k: v}).processed for k, v in PROCESSED.items())
     with toy_llm() as llm:
-        assert llm.start(PROMPT, SamplingParams(), SpecConfig(method="ar")).processors is None
+        assert llm.start(PROMPT, SamplingParams(), SpecConfig(method="ar")).processors == []

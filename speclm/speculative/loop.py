@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.base import Backend
+from ..constraints import GrammarMask
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult, RoundRecord, TokenLogprob, summarize
 from ..sampling import Processors, SamplingParams, keyed_sample, sample, target_probs, token_logprob
@@ -112,15 +113,15 @@ def _fit(q: np.ndarray, size: int) -> np.ndarray:
 
 # ---- 5. iterate ----------------------------------------------------------
 def iterate(target: Backend, seq: int, context: list[int], d: Draft,
-            n_accepted: int, last_token: int, processors: Processors | None = None) -> None:
+            n_accepted: int, last_token: int, processors: Sequence[Processors | GrammarMask] = ()) -> None:
     """Advance to the accepted state: roll the target KV back to context[:-1]
     + pending + accepted drafts (O(1)), append the new tokens to context and
-    advance the request's processors over them."""
+    advance the request's row processors over them."""
     target.rollback(seq, len(context) + n_accepted)
     new = [*d.tokens[:n_accepted], last_token]
     context.extend(new)
-    if processors is not None:
-        processors.advance(new)
+    for processor in processors:
+        processor.advance(new)
 
 
 # ---- the round protocol --------------------------------------------------------
@@ -134,6 +135,7 @@ class Round:
     note: str | None = None  # why this K (the controller's word, for the trace)
     info: dict | None = None  # the proposer's facts about this draft, for the trace
     draft_ms: float = 0.0
+    forced_from: int | None = None  # where the tokens the grammar forced start in the draft (None: no grammar)
 
 
 class Generation:
@@ -168,7 +170,11 @@ class Generation:
         self.prompt_ids = list(prompt_ids)
         self.context = list(prompt_ids)
         self.rng = np.random.default_rng(params.seed)
-        self.processors = Processors(params, prompt_ids) if params.processed else None
+        self.grammar = GrammarMask(params.grammar, target) if params.grammar is not None else None
+        # the row processors in order (each: process(rows, draft) and advance(tokens)); the mask goes last
+        self.processors: list[Processors | GrammarMask] = [
+            *([Processors(params, prompt_ids)] if params.processed else []),
+            *([self.grammar] if self.grammar is not None else [])]
         self.prediction = prediction  # the client's expected output (token ids), a draft source
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob] | None = None if params.prompt_logprobs is None else \
@@ -255,16 +261,20 @@ class Generation:
             if d.confidence is not None:  # a per-position cut: the trace says what was kept and why
                 info = {**(info or {}), "drafted": len(d), "kept": kept, "choice": self.controller.prefix_note}
             d.truncate(kept)
-        return Round(d, [self.context[-1], *d.tokens], note, info, (time.perf_counter() - t0) * 1000)
+        forced_from = None
+        if self.grammar is not None:  # clip to the grammar, then draft what it forces
+            forced_from = self.grammar.shape(d, k_max, self.params)
+        return Round(d, [self.context[-1], *d.tokens], note, info, (time.perf_counter() - t0) * 1000, forced_from)
 
     def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray]:
         """Stage 2's processing of this request's scored rows: row i processed with
-        the prefix context + draft[:i] (the request's processors), then its sampling
-        applied: p_1..p_{K+1}. Keeps the raw rows for `complete` when logprobs are asked."""
+        the prefix context + draft[:i] (the request's processors, the grammar's mask
+        last), then its sampling applied: p_1..p_{K+1}. Keeps the raw rows for
+        `complete` when logprobs are asked."""
         if self.logprobs is not None:
             self._raw_rows = rows
-        if self.processors is not None:
-            rows = self.processors.process(rows, draft)
+        for processor in self.processors:
+            rows = processor.process(rows, draft)
         return [target_probs(row, self.params) for row in rows]
 
     def complete(self, rnd: Round, p: list[np.ndarray], verify_ms: float,
@@ -287,6 +297,8 @@ class Generation:
             if self.finished:
                 break
         delivered = len(self.stops.token_ids) - n_before  # EOS or a stop may cut the round short
+        if rnd.forced_from is not None:
+            self.grammar.forced_emitted += max(0, min(a, delivered) - rnd.forced_from)
         if self.logprobs is not None:
             raw = self._raw_rows
             self.logprobs += [token_logprob(raw[i], t, self.params.logprobs, self.target.token_bytes)
@@ -333,7 +345,8 @@ class Generation:
                               (self.t_begin - self.t_start) * 1000),
             target=self.target.name, draft=None if self.proposer is None else self.proposer.name,
             cached_prompt_tokens=self.cached_tokens, logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
-            prediction=None if self.prediction is None else prediction_counts(self.prediction, s.token_ids))
+            prediction=None if self.prediction is None else prediction_counts(self.prediction, s.token_ids),
+            forced_tokens=None if self.grammar is None else self.grammar.forced_emitted)
 
 
 def context_problem(n_ctx: int, prompt_tokens: int, max_new_tokens: int | None = None,
