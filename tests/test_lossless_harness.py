@@ -42,10 +42,17 @@ Grid (every method and every setting appears; not the cross product):
 | sd-ngram-repetition-topp  | sd-ngram           | 3 | T 1.0, repetition 1.8, frequency 0.5, top-p 0.9 |
 | auto-suffix-penalties     | auto (suffix)      | 3 | the sd-draft-penalties processors, top-k 4 |
 | ssd-penalties             | ssd                | 3 | the sd-draft-penalties processors |
+| sd-draft-grammar          | sd-draft (unlike)  | 3 | T 1.0, a regex grammar (forbidden drafts, forced tokens, EOS) |
+| sd-ngram-grammar-topp     | sd-ngram           | 3 | T 1.0, top-p 0.9, the regex grammar |
+| auto-suffix-grammar       | auto (suffix)      | 3 | T 1.0, the regex grammar, the penalties |
+| ssd-grammar               | ssd                | 3 | T 1.0, the regex grammar |
 
 The processor cases (logit_bias, penalties) are checked against an independent
 reference of OpenAI's and llama.cpp's definitions (`reference_logits`), and
 their control processes every row of a block with the block's first prefix.
+The grammar cases' reference mask is Python's `re` (a token is allowed iff some
+completion of the text with it matches; EOS iff the text matches), independent
+of llguidance; their control masks every row with the block's first state.
 
 The suffix cases run every generation on one LLM, so each draws from a cache
 filled by the earlier generations (other seeds: text that differs from this
@@ -88,6 +95,7 @@ from speclm import LLM, SamplingParams, SpecConfig
 from speclm.backends.toy import TOY_ALPHABET, ToyBackend
 from speclm.heads.model import MedusaHeads
 from speclm.metrics import GenerationResult, RoundRecord
+from speclm.constraints import Grammar, GrammarMask
 from speclm.sampling import sample, target_probs
 from speclm.speculative import loop, steps
 from speclm.costs import CostModel
@@ -156,6 +164,8 @@ MIN_P = dict(temperature=1.0, min_p=0.2)
 HOT_FILTERS = dict(temperature=1.5, top_p=0.9, min_p=0.1)
 PENALTIES = dict(temperature=1.0, logit_bias={1: 1.5, 4: -100}, presence_penalty=0.8, frequency_penalty=0.9)
 REPEATS = dict(temperature=1.0, repetition_penalty=1.8, frequency_penalty=0.5, top_p=0.9)
+# a <- forced b; c <- forced b unless after "ab"; EOS once an item is complete
+GRAMMAR = dict(temperature=1.0, grammar=Grammar.regex("(abc?|e|cb)+"))
 GRID = [
     Case("ar-t1.0", SpecConfig(method="ar", k=3), T1),
     Case("sd-draft-t0.3", SpecConfig(method="sd-draft", k=3), dict(temperature=0.3)),
@@ -184,6 +194,12 @@ GRID = [
     Case("sd-ngram-repetition-topp", SpecConfig(method="sd-ngram", k=3, ngram_min=1, ngram_max=3), REPEATS),
     Case("auto-suffix-penalties", SpecConfig(method="auto", k=3, proposer="suffix"), dict(PENALTIES, top_k=4)),
     Case("ssd-penalties", SpecConfig(method="ssd", k=3), PENALTIES, n=N_SSD),
+    Case("sd-draft-grammar", SpecConfig(method="sd-draft", k=3), GRAMMAR, eos=True),
+    Case("sd-ngram-grammar-topp", SpecConfig(method="sd-ngram", k=3, ngram_min=1, ngram_max=3),
+         dict(GRAMMAR, top_p=0.9), eos=True),
+    Case("auto-suffix-grammar", SpecConfig(method="auto", k=3, proposer="suffix"),
+         dict(GRAMMAR, presence_penalty=0.8, frequency_penalty=0.4), eos=True),
+    Case("ssd-grammar", SpecConfig(method="ssd", k=3), GRAMMAR, eos=True, n=N_SSD),
 ]
 CASES = {c.name: c for c in GRID}
 
@@ -270,7 +286,25 @@ def reference_logits(logits: np.ndarray, prefix: tuple[int, ...], params: Sampli
             x[token] = x[token] / params.repetition_penalty if x[token] > 0 else x[token] * params.repetition_penalty
     for token in set(prefix):
         x[token] -= params.presence_penalty + params.frequency_penalty * prefix.count(token)
+    if params.grammar is not None:
+        x[~reference_allowed(params.grammar.text, prefix)] = -np.inf
     return x
+
+
+def reference_allowed(pattern: str, prefix: tuple[int, ...]) -> np.ndarray:
+    """Which tokens a regex grammar allows after prefix, by Python's `re`: a text token iff
+    some completion of at most 3 more characters matches the whole (every item of the
+    grammars here is at most 3 long), EOS iff the text matches already."""
+    import itertools
+    import re
+    text, letters = text_of(prefix), [c for i, c in enumerate(TOY_ALPHABET[:V]) if i != EOS]
+    allowed = np.zeros(V, dtype=bool)
+    allowed[EOS] = re.fullmatch(pattern, text) is not None
+    for i, c in enumerate(TOY_ALPHABET[:V]):
+        if i != EOS:
+            allowed[i] = any(re.fullmatch(pattern, text + c + "".join(rest))
+                             for n in range(4) for rest in itertools.product(letters, repeat=n))
+    return allowed
 
 
 def verdict(case: Case, samples: list[tuple[int, ...]]) -> Verdict:
@@ -390,6 +424,23 @@ def _processed_with_the_blocks_first_prefix(monkeypatch: pytest.MonkeyPatch) -> 
                         lambda self, rows, draft: np.stack([real(self, row[None, :], [])[0] for row in rows]))
 
 
+def _masked_with_the_blocks_first_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row of a verify block masked with the grammar's state before the draft (its
+    tokens not consumed); the state then follows the emitted tokens while they are valid."""
+    def process(self, rows, draft):
+        out = np.array(rows, dtype=np.float64)
+        out[:, ~self.allowed()] = -np.inf
+        return out
+
+    def advance(self, tokens):
+        for t in tokens:
+            if self.matcher.is_stopped() or self.valid_prefix([t]) == 0:
+                return
+            self.matcher.consume_token(t)
+    monkeypatch.setattr(GrammarMask, "process", process)
+    monkeypatch.setattr(GrammarMask, "advance", advance)
+
+
 def _accept_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     """Gross: keep every draft token whatever p and q say."""
     monkeypatch.setattr(loop, "accept", lambda d, p, params, rng, at=0: len(d.tokens))
@@ -401,7 +452,9 @@ def _accept_everything(monkeypatch: pytest.MonkeyPatch) -> None:
     (_accept_everything, "sd-draft-t1.0"),
     (_medusa_q_uniform, "medusa-t1.0"),
     (_processed_with_the_blocks_first_prefix, "sd-draft-penalties"),
-], ids=["bonus-from-p_K", "q-without-min-p", "accept-everything", "medusa-q-uniform", "first-prefix-processing"])
+    (_masked_with_the_blocks_first_state, "sd-ngram-grammar-topp"),
+], ids=["bonus-from-p_K", "q-without-min-p", "accept-everything", "medusa-q-uniform", "first-prefix-processing",
+        "first-state-masking"])
 def test_the_harness_rejects_a_broken_loop(monkeypatch: pytest.MonkeyPatch, bug, case_name: str) -> None:
     """Each injected bug, on a grid case the real code passes, fails the same
     check with fewer samples than the grid uses."""

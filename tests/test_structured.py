@@ -1,0 +1,203 @@
+"""Structured outputs under speculation: a grammar (JSON schema, regex, Lark) masks
+every row of a verify block with the grammar's state after the draft prefix before
+it, drafts are clipped to what the grammar allows, and the tokens it forces are
+drafted for free (docs/design.md#structured-outputs).
+
+Exact on the toy backend: a constrained greedy request emits what constrained
+plain decoding emits, token for token, for every method and K, alone and batched;
+every finished output is valid. The law of sampled constrained requests is the
+harness's (tests/test_lossless_harness.py, the grammar cases).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from speclm import LLM, Grammar, InvalidRequestError, SamplingParams, SpecConfig
+from speclm.backends.toy import ToyBackend
+from speclm.constraints import GrammarMask
+from speclm.engine import Engine
+
+from .test_lossless_harness import toy_heads
+
+ALPHABET = '{}":, ab0123456789-+.E[]etrufnlsxyz$'  # JSON's punctuation, digits, true/false/null, a few letters; $ ends text
+EOS = ALPHABET.index("$")
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["a", "b", "ab"],
+          "properties": {"a": {"type": "integer"}, "b": {"enum": ["ab", "ba", "xyz"]},
+                         "ab": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}}}
+METHODS = [("sd-draft", 1), ("sd-draft", 4), ("sd-ngram", 3), ("sd-suffix", 8), ("auto", 8), ("heuristic", 4),
+           ("medusa", 3), ("ssd", 3)]
+
+
+def toy(seed: int = 3, order: int = 2) -> ToyBackend:
+    return ToyBackend(len(ALPHABET), seed=seed, order=order, sharpness=2.0, eos_id=EOS, alphabet=ALPHABET)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    target = toy()
+    with LLM(target=target, draft=toy(seed=5, order=1), heads=toy_heads(target)) as llm:
+        yield llm
+
+
+def prompt(llm) -> list[int]:
+    return llm.target.tokenize('{"a": 1, "b": "ab"} ')
+
+
+def grammars() -> list[Grammar]:
+    return [Grammar.json_schema(SCHEMA), Grammar.json_object(), Grammar.regex(r"(ab|ba){1,5}-[01]{2,4}(\.e)?"),
+            Grammar.lark('start: "[" item (", " item)? (", " item)? "]"\n'
+                         'item: "true" | "null" | %json{"type": "integer", "maximum": 99}')]
+
+
+# ---- the mask ------------------------------------------------------------------------
+def test_row_i_is_masked_with_the_grammar_state_after_the_drafts_before_it(llm):
+    g = Grammar.json_schema(SCHEMA)
+    rows = np.random.default_rng(0).standard_normal((5, len(ALPHABET)))
+    draft = llm.target.tokenize('{"a')
+    block = GrammarMask(g, llm.target).process(rows, draft + [EOS])
+    for i in range(4):
+        alone = GrammarMask(g, llm.target)
+        alone.advance(draft[:i])
+        allowed = alone.allowed()
+        assert np.array_equal(block[i][allowed], rows[i][allowed]) and np.all(block[i][~allowed] == -np.inf), i
+    assert np.flatnonzero(np.isfinite(block[0])).tolist() == [ALPHABET.index("{")]
+
+
+def test_a_draft_is_clipped_at_its_first_forbidden_token_and_forced_tokens_follow(llm):
+    from speclm.speculative.proposers.base import Draft
+    mask = GrammarMask(Grammar.json_schema(SCHEMA), llm.target)
+    d = Draft(llm.target.tokenize('{"a": 1x'), [None] * 8)
+    start = mask.shape(d, 16, SamplingParams())
+    assert start == 7 and llm.target.detokenize(d.tokens).startswith('{"a": 1')
+    forced = llm.target.detokenize(d.tokens[start:])
+    assert forced == "" or forced.startswith(",") or forced[0].isdigit()
+    d = Draft(llm.target.tokenize('{"a": 12'), [None] * 8)
+    mask.shape(d, 16, SamplingParams())
+    assert llm.target.detokenize(d.tokens) == '{"a": 12'  # a digit or ", " may follow: nothing forced
+    d = Draft([], [])
+    assert mask.shape(d, 3, SamplingParams()) == 0 and llm.target.detokenize(d.tokens) == '{"a'  # room 3
+    sampled = Draft(llm.target.tokenize('{x'), [np.full(len(ALPHABET), 1 / len(ALPHABET))] * 2)
+    mask.shape(sampled, 16, SamplingParams(temperature=1.0))
+    assert len(sampled) == 2  # a drawn forbidden token stays: rejected, its residual drawn
+
+
+# ---- exact under speculation ---------------------------------------------------------
+@pytest.mark.parametrize("method,k", METHODS)
+def test_constrained_greedy_speculation_equals_constrained_plain_decoding(llm, method, k):
+    for grammar in grammars():
+        params = SamplingParams(max_new_tokens=64, grammar=grammar)
+        ar = llm.generate(prompt(llm), params, SpecConfig(method="ar"))
+        sd = llm.generate(prompt(llm), params, SpecConfig(method=method, k=k))
+        assert sd.token_ids == ar.token_ids, grammar
+        assert sd.summary.rounds < ar.summary.rounds or method == "ssd"
+    free = llm.generate(prompt(llm), SamplingParams(max_new_tokens=64), SpecConfig(method="ar"))
+    assert free.text != ar.text  # the grammar bites
+
+
+def test_constrained_outputs_are_valid_and_forced_tokens_are_drafted(llm):
+    for grammar in grammars():
+        params = SamplingParams(max_new_tokens=200, grammar=grammar)
+        res = llm.generate(prompt(llm), params, SpecConfig(method="sd-suffix", k=8))
+        assert res.finish_reason == "stop", (grammar, res.text)
+        if grammar.kind == "json_schema":
+            jsonschema.validate(json.loads(res.text), json.loads(grammar.text))
+        elif grammar.kind == "regex":
+            import re
+            assert re.fullmatch(grammar.text, res.text), res.text
+        assert 0 <= res.forced_tokens <= len(res.token_ids)
+        assert res.forced_tokens > 0 or grammar.kind != "json_schema" or grammar == Grammar.json_object()
+    ar = llm.generate(prompt(llm), params, SpecConfig(method="ar"))
+    assert ar.forced_tokens == 0  # plain decoding drafts nothing, forced or not
+
+
+def test_constrained_requests_batched_equal_each_alone(llm):
+    settings_ = [dict(grammar=g) for g in grammars()] + [dict(), dict(grammar=grammars()[0], frequency_penalty=1.0)]
+    spec = SpecConfig(method="sd-ngram", k=4)
+    alone = [llm.generate(prompt(llm), SamplingParams(max_new_tokens=48, **s), spec) for s in settings_]
+    engine = Engine(llm, max_concurrency=len(settings_))
+    try:
+        handles = [engine.submit(prompt(llm), SamplingParams(max_new_tokens=48, **s), spec) for s in settings_]
+        batched = [h.result(60) for h in handles]
+    finally:
+        engine.shutdown()
+    assert [b.token_ids for b in batched] == [a.token_ids for a in alone]
+
+
+def test_a_seeded_constrained_request_emits_plain_decodings_text(llm):
+    params = SamplingParams(max_new_tokens=64, temperature=1.0, seed=11, grammar=grammars()[0])
+    ar = llm.generate(prompt(llm), params, SpecConfig(method="ar"))
+    for method, k in [("sd-draft", 4), ("sd-suffix", 8)]:
+        assert llm.generate(prompt(llm), params, SpecConfig(method=method, k=k)).token_ids == ar.token_ids
+
+
+@pytest.mark.parametrize("limit", [1, 3, 7])
+def test_forced_runs_never_pass_max_tokens_or_the_context(limit):
+    with LLM(target=ToyBackend(len(ALPHABET), seed=3, sharpness=2.0, eos_id=EOS, alphabet=ALPHABET, n_ctx=40),
+             draft=toy(seed=5, order=1)) as small:
+        p = small.target.tokenize('{"a": 1}')
+        res = small.generate(p, SamplingParams(max_new_tokens=limit, grammar=grammars()[0]),
+                             SpecConfig(method="sd-suffix", k=8))
+        assert len(res.token_ids) == limit and res.finish_reason == "length"
+        res = small.generate(p, SamplingParams(max_new_tokens=40 - len(p), grammar=Grammar.regex("(ab|ba)+")),
+                             SpecConfig(method="sd-suffix", k=8))
+        assert len(p) + len(res.token_ids) <= 40
+
+
+# ---- fuzzed schemas -------------------------------------------------------------------
+KEYS = st.sampled_from(["a", "b", "ab", "ba", "x", "yz"])
+LEAVES = st.one_of(
+    st.just({"type": "boolean"}), st.just({"type": "null"}),
+    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+              st.integers(-50, 50), st.integers(0, 999)),
+    st.just({"type": "number", "minimum": -10, "maximum": 10}),
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 4)),
+    st.builds(lambda vals: {"enum": vals}, st.lists(st.sampled_from(["ab", "x", "tru", "nul"]), min_size=1,
+                                                      max_size=3, unique=True)),
+    st.just({"type": "string", "format": "date"}))
+
+
+def _object(props: dict) -> dict:
+    return {"type": "object", "properties": props, "required": sorted(props), "additionalProperties": False}
+
+
+SCHEMAS = st.recursive(LEAVES, lambda inner: st.one_of(
+    st.builds(lambda item, n: {"type": "array", "items": item, "maxItems": n}, inner, st.integers(0, 3)),
+    st.builds(_object, st.dictionaries(KEYS, inner, min_size=1, max_size=3))), max_leaves=6)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schema=SCHEMAS, seed=st.integers(0, 3))
+def test_every_output_of_a_fuzzed_schema_validates(llm, schema, seed):
+    """Nested objects, arrays, enums, bounded numbers, strings with formats: a finished
+    output parses and validates; speculation emits constrained plain decoding's tokens."""
+    params = SamplingParams(max_new_tokens=300, temperature=1.0, seed=seed, grammar=Grammar.json_schema(schema))
+    res = llm.generate(prompt(llm), params, SpecConfig(method="sd-suffix", k=8))
+    if res.finish_reason == "stop":
+        jsonschema.validate(json.loads(res.text), schema, format_checker=jsonschema.FormatChecker())
+    assert res.token_ids == llm.generate(prompt(llm), params, SpecConfig(method="ar")).token_ids
+
+
+# ---- bad input --------------------------------------------------------------------------
+def test_bad_grammars_are_refused_with_the_engines_message(llm):
+    cases = [(Grammar.json_schema({"type": "object", "properties": {"a": {"$ref": "#/nope"}}}), "nope"),
+             (Grammar.regex("a["), "regex"), (Grammar.lark("start: missing_rule"), "missing_rule")]
+    for grammar, words in cases:
+        with pytest.raises(InvalidRequestError, match="cannot be compiled") as e:
+            llm.generate(prompt(llm), SamplingParams(grammar=grammar), SpecConfig(method="sd-suffix"))
+        assert words in str(e.value)
+    with pytest.raises(InvalidRequestError, match="not valid JSON"):
+        Grammar.json_schema("{nope")
+    with pytest.raises(InvalidRequestError, match="kind must be one of"):
+        Grammar("gbnf", "root ::= x")
+    with pytest.raises(InvalidRequestError, match="ignore_eos"):
+        SamplingParams(grammar=Grammar.json_object(), ignore_eos=True)
+    with LLM(target=ToyBackend(6, seed=1)) as no_eos:
+        with pytest.raises(InvalidRequestError, match="no end-of-text token"):
+            no_eos.generate([0, 1], SamplingParams(grammar=Grammar.regex("ab")), SpecConfig(method="ar"))
