@@ -27,6 +27,7 @@ is rejected and the next token drawn from the residual max(0, p - q) as usual.
 from __future__ import annotations
 
 import json
+import warnings
 import weakref
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ class Grammar:
                 raise InvalidRequestError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, dict):
             raise InvalidRequestError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
-        return cls("json_schema", json.dumps(schema, sort_keys=True))
+        return cls("json_schema", json.dumps(schema))  # key order kept: llguidance emits properties in it
 
     @classmethod
     def json_object(cls) -> Grammar:
@@ -120,7 +121,9 @@ def tokenizer_for(backend):
     vocab = getattr(backend, "llama_vocab", None)
     if vocab is not None:
         from llguidance.llamacpp import lltokenizer_from_vocab
-        tok = lltokenizer_from_vocab(vocab, n_vocab=backend.vocab_size, eos_token=eos)
+        with warnings.catch_warnings():  # the bridge calls llama-cpp-python's deprecated token-attribute alias
+            warnings.simplefilter("ignore", DeprecationWarning)
+            tok = lltokenizer_from_vocab(vocab, n_vocab=backend.vocab_size, eos_token=eos)
     else:
         from llguidance import LLTokenizer, TokenizerWrapper
         tok = LLTokenizer(TokenizerWrapper(_Vocabulary(backend, eos)), n_vocab=backend.vocab_size, eos_token=eos)
@@ -147,11 +150,16 @@ def check_grammar(grammar: Grammar, backend) -> str:
     try:
         source = grammar.source()
     except ValueError as e:
-        raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {e}") from None
+        raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {_one_line(str(e))}") from None
     error = LLMatcher.validate_grammar(source, tokenizer_for(backend))
     if error and not error.startswith("WARNING"):
-        raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {error.strip()}")
+        raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {_one_line(error)}")
     return source
+
+
+def _one_line(message: str) -> str:
+    """llguidance's message on one line (its caret-only lines dropped)."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip().strip("^"))
 
 
 class GrammarMask:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from speclm.commands import main
@@ -95,6 +96,24 @@ def test_generate_json_text_matches_streamed_text(capfd):
     code, out_plain, _ = run(args, capfd)
     assert code == 0
     assert out_plain.startswith(text + "\n")  # streamed text, a newline, then the table
+
+
+def test_generate_with_a_json_schema_file_emits_a_valid_object(capfd, tmp_path):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                        "maxItems": 2}},
+              "required": ["name", "tags"], "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    code, out, err = run(["generate", "A user as JSON:", *FAST, "--method", "auto", "--max-new-tokens", "60",
+                          "--json-schema", str(tmp_path / "s.json"), "--json", "--compare-ar"], capfd)
+    assert code == 0, err
+    data = json.loads(out)
+    jsonschema.validate(json.loads(data["text"]), schema)
+    assert data["identical"] and data["forced_tokens"] > 0
+    code, out, err = run(["generate", "x", *FAST, "--json-schema", str(tmp_path / "none.json")], capfd)
+    assert_one_line_error(code, out, err, "cannot read the JSON schema file")
+    code, out, err = run(["generate", "x", *FAST, "--regex", "a["], capfd)
+    assert_one_line_error(code, out, err, "cannot be compiled")
 
 
 def test_prompt_from_stdin(capfd, monkeypatch):

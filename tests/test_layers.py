@@ -14,7 +14,8 @@ PACKAGE = Path(speclm.__file__).parent
 # Bottom to top. A module belongs to the longest prefix that names it.
 LAYERS = [
     ("foundations", ["speclm.errors", "speclm.machine", "speclm.options", "speclm.metrics"]),
-    ("arithmetic and the llama.cpp library", ["speclm.sampling", "speclm.costs", "speclm.llama_lib"]),
+    ("arithmetic and the llama.cpp library", ["speclm.sampling", "speclm.constraints", "speclm.costs",
+                                               "speclm.llama_lib"]),
     ("model files", ["speclm.models"]),
     ("backends", ["speclm.backends"]),
     ("request parts", ["speclm.stops", "speclm.prefix_cache", "speclm.heads"]),

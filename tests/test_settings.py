@@ -30,7 +30,8 @@ from speclm.speculative.ssd.client import SpeculatorConfig
 
 COMMANDS = ("generate", "serve", "bench")
 COMMAND_ARGS = {  # arguments of one command alone: what it does, not a setting
-    "generate": {"--chat", "--compare-ar", "--json", "--prediction"},
+    "generate": {"--chat", "--compare-ar", "--json", "--prediction", "--json-schema", "--json-object", "--regex",
+                 "--lark"},
     "serve": {"--ray"},
     "bench": {"--targets", "--drafts", "--variant-quality", "--out", "--quick", "--no-wait-quiet", "--endpoint",
               "--endpoint-b", "--endpoint-api-key", "--endpoint-api-key-b", "--endpoint-operator-key",
@@ -99,7 +100,8 @@ def test_no_command_declares_a_shared_setting_by_hand():
 
 # settings whose request shape is OpenAI's, not the library's: logit_bias's keys are strings;
 # logprobs is a bool plus top_logprobs on chat, a count on completions, and with echo sets prompt_logprobs
-BY_ENDPOINT = {"logit_bias": "logit_bias", "logprobs": "logprobs", "prompt_logprobs": "echo"}
+BY_ENDPOINT = {"logit_bias": "logit_bias", "logprobs": "logprobs", "prompt_logprobs": "echo",
+               "grammar": "response_format"}
 
 
 def test_the_servers_sampling_fields_are_the_declared_ones():

@@ -62,19 +62,31 @@ class Backend(ABC):
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """Render chat messages into a prompt string with the model's template."""
+    def chat_template(self) -> str | None:
+        """The model's own chat template text (None: it has none)."""
+        return None
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        """Render chat messages (and the tools offered) into a prompt string with the model's template."""
         raise NotImplementedError(f"{self.name} has no chat template")
 
-    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def holds_control_text(self, text: str) -> bool:
+        """Whether text spells a control token (e.g. "<|im_end|>") that would become one in markup."""
+        return self.tokenize(text, add_special=False, special=True) != \
+            self.tokenize(text, add_special=False, special=False)
+
+    def tokenize_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """Chat messages as prompt ids: the template's own markup may hold control
         tokens, the messages' contents never do (they are plain text), so no
-        message can forge a turn ("<|im_start|>system..." stays text)."""
-        marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
-        skeleton = self.apply_chat_template([{**m, "content": mk} for m, mk in zip(messages, marks)])
+        message can forge a turn ("<|im_start|>system..." stays text). Tools and
+        tool calls are rendered into the markup: the caller refuses any that hold
+        control text (holds_control_text)."""
+        # an empty content stays empty: templates test it (an assistant turn holding only tool calls)
+        marks = [f"\ue000{i}\ue001" if m["content"] else "" for i, m in enumerate(messages)]
+        skeleton = self.apply_chat_template([{**m, "content": mk} for m, mk in zip(messages, marks)], tools)
         parts = re.split("\ue000(\\d+)\ue001", skeleton)
         markup, order = parts[0::2], [int(i) for i in parts[1::2]]  # markup[j] precedes the j-th content
-        rendered = self.apply_chat_template(messages)
+        rendered = self.apply_chat_template(messages, tools)
         for strip in (False, True):  # a template may strip the contents it renders
             contents = [messages[i]["content"].strip() if strip else messages[i]["content"] for i in order]
             if "".join(m + c for m, c in zip(markup, [*contents, ""])) == rendered:

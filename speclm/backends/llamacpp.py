@@ -135,13 +135,17 @@ class LlamaCppBackend(Backend):
         """The vocabulary entry itself (special tokens included)."""
         return L.llama_vocab_get_text(self._vocab, token) or b""
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        from .chat_template import render_chat
+    def chat_template(self) -> str | None:
         raw = L.llama_model_chat_template(self._model, None)
-        if not raw:
+        return raw.decode("utf-8") if raw else None
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
+        from .chat_template import render_chat
+        template = self.chat_template()
+        if not template:
             raise InvalidRequestError(f"{self.path.name} has no chat template: drop --chat")
-        return render_chat(raw.decode("utf-8"), messages, self._special_text(self.bos_id),
-                           self._special_text(int(L.llama_vocab_eos(self._vocab))))
+        return render_chat(template, messages, self._special_text(self.bos_id),
+                           self._special_text(int(L.llama_vocab_eos(self._vocab))), tools=tools)
 
     def _special_text(self, token: int | None) -> str:
         return "" if token is None or token < 0 else self.token_text(token).decode("utf-8", "replace")

@@ -67,7 +67,7 @@ class ToyBackend(Backend):
     def token_bytes(self, token: int) -> bytes:
         return self.alphabet[token].encode()
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> str:
         return "".join(m["content"] for m in messages)
 
     # ---- sequences -----------------------------------------------------

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from ..backends.load import LoadConfig
+from ..constraints import Grammar
 from ..sampling import SamplingParams
 from ..speculative.methods import get_method
 from .options import add_json_option, add_options, add_spec_options, build, open_llm, spec_from_args
@@ -23,6 +25,12 @@ def add_generate_parser(sub) -> None:
     g.add_argument("--prediction", metavar="FILE",
                    help="the output you expect (e.g. the file before an edit): drafts for auto and sd-suffix "
                         "(Predicted Outputs); it changes speed, never the output")
+    shape = g.add_argument_group("structured output (docs/design.md#structured-outputs)").add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="the output is one JSON value valid under this schema")
+    shape.add_argument("--json-object", action="store_true", help="the output is one JSON object")
+    shape.add_argument("--regex", metavar="PATTERN", help="the output matches this regular expression")
+    shape.add_argument("--lark", metavar="FILE", help="the output is a sentence of this Lark grammar "
+                                                      "(llguidance's dialect)")
     add_json_option(g)
     add_options(g, LoadConfig, "models")
     add_options(g, SamplingParams, "sampling")
@@ -37,7 +45,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     prediction = _read(args.prediction) if args.prediction else None
-    params = build(args, SamplingParams)
+    params = replace(build(args, SamplingParams), grammar=_grammar(args))
     spec = spec_from_args(args)
     with open_llm(args, spec) as llm:
         if args.draft is not None:
@@ -68,13 +76,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read(path: str) -> str:
+def _grammar(args: argparse.Namespace) -> Grammar | None:
+    """The Grammar the structured-output flags ask for (None: free text)."""
+    if args.json_schema:
+        return Grammar.json_schema(_read(args.json_schema, "JSON schema"))
+    if args.json_object:
+        return Grammar.json_object()
+    if args.regex is not None:
+        return Grammar.regex(args.regex)
+    if args.lark:
+        return Grammar.lark(_read(args.lark, "Lark grammar"))
+    return None
+
+
+def _read(path: str, what: str = "prediction") -> str:
     from ..errors import InvalidRequestError
     try:
         with open(path, encoding="utf-8") as f:
             return f.read()
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"cannot read the prediction file {path}: {exc}") from None
+        raise InvalidRequestError(f"cannot read the {what} file {path}: {exc}") from None
 
 
 def _stdout_stream(text: str) -> None:

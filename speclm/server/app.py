@@ -51,6 +51,7 @@ from .http import http_app
 from .prom import ServerMetrics
 from .tenants import SHARED, Tenants
 from .schemas import ParamError, _GenerationRequest, api_error
+from .structured import compiled
 
 
 class ServerState:
@@ -99,7 +100,9 @@ class ServerState:
             raise ParamError("echo is not supported with stream: true: send it unstreamed", "echo")
         spec = replace(req.spec(self.spec, has_draft=self.draft is not None),
                        cache_scope=self.tenants.scope_of(tenant))
-        req.sampling(1)  # validate the sampling fields before paying for tokenization
+        params = req.sampling(1)  # validate the sampling fields before paying for tokenization
+        if params.grammar is not None:
+            compiled(params.grammar, self.llm.target, req.grammar_param)
         ids, n_ctx = req.prompt_ids(self.llm), self.llm.target.n_ctx
         if problem := context_problem(n_ctx, len(ids), asked, name):
             message, culprit = problem

@@ -35,8 +35,10 @@ from .access import Access
 from .config import ServerConfig
 from .gate import Gate, caller_of, tenant_of
 from .prom import RequestMetrics, ServerMetrics
-from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, Usage, _GenerationRequest, api_error,
-                      chunk_body, printable, quoted, response_body, result_logprobs, validation_error)
+from .responses import Usage, chat_finish_reason, chunk_body, response_body, result_logprobs
+from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, _GenerationRequest, api_error, printable,
+                      quoted, validation_error)
+from .tools import CallStream
 
 
 class Handle(Protocol):
@@ -127,9 +129,10 @@ async def answer(front: Frontend, req: _GenerationRequest, request: Request) -> 
     handle = await front.open(req, tenant_of(request))
     chat = isinstance(req, ChatCompletionRequest)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+    tools = req.tool_names() if req.calls_tools() else None  # the functions the answer may call
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return _EventStream(_events(front, handle, rid, chat, deadline, usage), handle, front)
+        return _EventStream(_events(front, handle, rid, chat, deadline, usage, tools), handle, front)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
     try:
         result = await asyncio.wait_for(handle.aresult(), max(0.0, deadline - loop.time()))
@@ -141,7 +144,7 @@ async def answer(front: Frontend, req: _GenerationRequest, request: Request) -> 
         front.account(handle)
     if result.finish_reason == "cancelled":
         raise cancelled()
-    return JSONResponse(response_body(rid, front.model_id, result, chat), headers=_served(handle))
+    return JSONResponse(response_body(rid, front.model_id, result, chat, tools), headers=_served(handle))
 
 
 def _served(handle: Handle) -> dict[str, str]:
@@ -149,8 +152,11 @@ def _served(handle: Handle) -> dict[str, str]:
 
 
 async def _events(front: Frontend, handle: Handle, rid: str, chat: bool, deadline: float,
-                  include_usage: bool) -> AsyncIterator[str]:
+                  include_usage: bool, tools: set[str] | None = None) -> AsyncIterator[str]:
+    """The SSE events of one request; with `tools`, text from the first tool-call tag on is
+    held back and sent as tool_calls deltas once the answer ends (tools.CallStream)."""
     loop, created = asyncio.get_running_loop(), int(time.time())
+    calls = CallStream(tools) if tools else None
 
     def chunk(**kw) -> str:
         return _sse(chunk_body(rid, front.model_id, created, chat, **kw))
@@ -164,12 +170,20 @@ async def _events(front: Frontend, handle: Handle, rid: str, chat: bool, deadlin
                 text = await asyncio.wait_for(deltas.__anext__(), max(0.0, deadline - loop.time()))
             except StopAsyncIteration:
                 break
-            yield chunk(text=text)
+            text = calls.feed(text) if calls else text
+            if text or not calls:
+                yield chunk(text=text)
         result: GenerationResult = await handle.aresult()
         if result.finish_reason == "cancelled":
             yield _sse(cancelled().body)
         else:  # the logprobs of every streamed token ride on the last chunk (docs/server.md#logprobs)
-            yield chunk(finish_reason=result.finish_reason, logprobs=result_logprobs(result, chat))
+            rest, parsed = calls.finish() if calls else ("", [])
+            if rest:
+                yield chunk(text=rest)
+            if parsed:
+                yield chunk(tool_calls=parsed)
+            reason = chat_finish_reason(result, parsed) if chat else result.finish_reason
+            yield chunk(finish_reason=reason, logprobs=result_logprobs(result, chat))
             if include_usage:
                 yield chunk(usage=Usage.of(result))
     except Exception as exc:

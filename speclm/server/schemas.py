@@ -2,8 +2,9 @@
 
 Requests are validated strictly (no "5" for 5, no true for 1); unknown fields
 are accepted and ignored, except the OpenAI features speclm cannot honour
-(tools and tool calls in messages among them), which are rejected
-(`unsupported()`) rather than silently dropped. Every error body has OpenAI's
+(n > 1, best_of, the deprecated functions and function_call), which are
+rejected (`unsupported()`) rather than silently dropped. response_format
+is structured.py's; tools, tool_choice and tool calls in messages are tools.py's. Every error body has OpenAI's
 shape: {"error": {"message", "type", "param", "code"}}, and an error about a
 field names it as the client sent it (max_completion_tokens, not max_tokens).
 Every 429 carries Retry-After (RETRY_AFTER_S).
@@ -12,7 +13,7 @@ Every 429 carries Retry-After (RETRY_AFTER_S).
 from __future__ import annotations
 
 import dataclasses
-import time
+import json
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from fastapi.responses import JSONResponse
@@ -20,12 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.requests import ClientDisconnect
 
 from ..api import SpecConfig
+from ..constraints import Grammar
 from ..errors import BackendError, BusyError, InvalidRequestError, SpeclmError
-from ..metrics import GenerationResult, TokenLogprob
 from ..options import options_of
 from ..sampling import MAX_LOGPROBS, SamplingParams
 from ..speculative.config import spec_options
 from ..speculative.methods import get_method
+from .structured import ResponseFormat
+from .tools import ToolCall, ToolChoice, ToolDef, bad, call_grammar, check_choice, tools_supported
 
 if TYPE_CHECKING:
     from ..api import LLM
@@ -34,11 +37,10 @@ _REQUEST = ConfigDict(strict=True, extra="allow")
 
 # field -> the value(s) speclm can serve (absent, or asking for nothing); anything else is a 400.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
-    "tool_choice": (None, "none"), "parallel_tool_calls": (None,), "functions": (None, []),
-    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+    "best_of": (None, 1), "suffix": (None, ""), "functions": (None, []), "function_call": (None, "none"),
 }
-_UNSUPPORTED_IN_MESSAGES: dict[str, tuple[Any, ...]] = {"tool_calls": (None, []), "function_call": (None,)}
+_UNSUPPORTED_IN_MESSAGES: dict[str, tuple[Any, ...]] = {"function_call": (None,)}
+_CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")  # a 400 on /v1/completions
 
 # Retry-After of every 429 (and of the connection budget's 503), in seconds: the
 # engine frees a queue slot whenever any running request finishes, so the wait is
@@ -184,6 +186,7 @@ class _RequestBase(BaseModel):
     stream_options: StreamOptions | None = None
     n: int | None = None
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
     speculative: SpeculativeOptions | None = None
 
     def unsupported(self) -> None:
@@ -236,6 +239,22 @@ class _RequestBase(BaseModel):
         """The request's Predicted Outputs text (None: none sent)."""
         return None
 
+    @property
+    def grammar_param(self) -> str:
+        """The field a grammar that fails to compile is blamed on."""
+        return "response_format"
+
+    def calls_tools(self) -> bool:
+        """Whether the answer may hold tool calls (chat with tools, tool_choice not "none")."""
+        return False
+
+    def tool_names(self) -> set[str]:
+        return set()
+
+    def grammar(self) -> Grammar | None:
+        """What the output must match (response_format; None: free text)."""
+        return None if self.response_format is None else self.response_format.grammar()
+
     def sampling(self, max_tokens: int) -> SamplingParams:
         """The request's SamplingParams (validated there: a ParamError naming the field);
         a field the request leaves out takes OpenAI's default where it has one, else the library's."""
@@ -244,7 +263,7 @@ class _RequestBase(BaseModel):
         values = {name: value for name, value in values.items() if value is not None}
         try:
             return SamplingParams(**{**values, **self.logprob_fields(), "logit_bias": self.logit_bias,
-                                     "max_new_tokens": max_tokens})
+                                     "grammar": self.grammar(), "max_new_tokens": max_tokens})
         except InvalidRequestError as exc:
             raise self.naming(exc) from None
 
@@ -281,6 +300,14 @@ class CompletionRequest(_GenerationRequest):
     echo: bool = False
     prediction: str | PredictionContent | None = None  # speclm: Predicted Outputs on completions too
 
+    def unsupported(self) -> None:
+        """Also refuse the chat-only tool fields (a prompt has no template to show tools in)."""
+        super().unsupported()
+        for name in _CHAT_ONLY:
+            if (self.model_extra or {}).get(name) is not None:
+                raise ParamError(f"{name} is served on /v1/chat/completions only (the chat template shows "
+                                 "the tools to the model): send the request there", name)
+
     def logprob_fields(self) -> dict[str, int | None]:
         """logprobs N: N alternatives per generated token; with echo, per prompt token too."""
         return {"logprobs": self.logprobs, "prompt_logprobs": self.logprobs if self.echo else None}
@@ -314,16 +341,31 @@ class ChatMessage(BaseModel):
     model_config = _REQUEST
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls, sent back in a later turn
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
-    def as_template_input(self) -> dict[str, str]:
-        """{"role", "content"} with text parts joined; other parts are a 400."""
+    def as_template_input(self, index: int) -> dict:
+        """{"role", "content"} with text parts joined (other parts are a 400), an
+        assistant's tool_calls and a tool's tool_call_id as chat templates read them."""
+        out: dict = {"role": self.role, "content": self.text()}
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise ParamError(f"messages[{index}].tool_calls: only assistant messages carry tool calls",
+                                 "messages")
+            out["tool_calls"] = [c.as_template_input(f"messages[{index}].tool_calls[{j}]")
+                                 for j, c in enumerate(self.tool_calls)]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+    def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
-            return {"role": self.role, "content": self.content or ""}
+            return self.content or ""
         for part in self.content:
             if part.type != "text" or part.text is None:
                 raise ParamError(f"message content part of type {part.type!r} is not supported: "
                                  "only text parts", "messages")
-        return {"role": self.role, "content": "".join(p.text or "" for p in self.content)}
+        return "".join(p.text or "" for p in self.content)
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -334,6 +376,31 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     prediction: PredictionContent | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @property
+    def grammar_param(self) -> str:
+        return "tools" if self.calls_tools() else "response_format"
+
+    def calls_tools(self) -> bool:
+        """Whether the answer may hold tool calls (tools given, tool_choice not "none")."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tool_names(self) -> set[str]:
+        return {t.function.name for t in self.tools or []}
+
+    def grammar(self) -> Grammar | None:
+        """response_format's grammar, or with tools the call format's (tools.call_grammar)."""
+        if self.tool_choice is not None and not self.tools:
+            if self.tool_choice == "none":
+                return super().grammar()
+            raise ParamError("tool_choice needs tools: declare the functions it may call", "tool_choice")
+        check_choice(self.tools or [], self.tool_choice)
+        answer = super().grammar()
+        return call_grammar(self.tools, self.tool_choice, self.parallel_tool_calls, answer) if self.tools \
+            else answer
 
     def logprob_fields(self) -> dict[str, int | None]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -346,10 +413,19 @@ class ChatCompletionRequest(_GenerationRequest):
     def prompt_ids(self, llm: LLM) -> list[int]:
         """The messages rendered with the target's chat template: its markup tokenized
         with control tokens, the contents as plain text (no message can forge a turn)."""
-        messages = [m.as_template_input() for m in self.messages]
-        if not any(m["content"].strip() for m in messages):
+        messages = [m.as_template_input(i) for i, m in enumerate(self.messages)]
+        if not any(m["content"].strip() or m.get("tool_calls") for m in messages):
             raise ParamError("the messages are empty: give some text", "messages")
-        return llm.target.tokenize_chat(messages)
+        tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
+        if tools and not tools_supported(llm.target.chat_template() or ""):
+            raise bad(f"the chat template of {llm.target.name} has no tool-call format speclm can parse "
+                      "(Hermes/Qwen2.5's <tool_call>): drop tools, or serve a model whose template has it", "tools")
+        for where, value in [("tools", tools), *[(f"messages[{i}].tool_calls", m.get("tool_calls"))
+                                                 for i, m in enumerate(messages)]]:
+            if value and llm.target.holds_control_text(json.dumps(value, ensure_ascii=False)):
+                raise bad(f"{where} spells a control token of the model's vocabulary; such text would become "
+                          "the token in the prompt: remove it", where.split("[")[0])
+        return llm.target.tokenize_chat(messages, tools or None)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -363,150 +439,3 @@ class ChatCompletionRequest(_GenerationRequest):
         super().unsupported()
         for i, message in enumerate(self.messages):
             _refuse_unsupported(message.model_extra, _UNSUPPORTED_IN_MESSAGES, f"messages[{i}].")
-
-
-# ---- responses ---------------------------------------------------------------
-class SpeculativeUsage(BaseModel):
-    method: str
-    k: int
-    acceptance_rate: float | None
-    mean_acceptance_length: float | None
-    drafted: int
-    accepted: int
-    cache_hit_rate: float | None = None  # SSD: rounds whose block was pre-drafted / rounds
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int  # prompt tokens whose KV the prefix cache restored (OpenAI's field)
-
-
-class CompletionTokensDetails(BaseModel):
-    accepted_prediction_tokens: int  # the prediction's tokens that appear in the completion (OpenAI's)
-    rejected_prediction_tokens: int  # the rest of the prediction's tokens
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-    completion_tokens_details: CompletionTokensDetails | None = None  # with a prediction
-    speculative: SpeculativeUsage
-
-    @classmethod
-    def of(cls, r: GenerationResult) -> Usage:
-        s = r.summary
-        n = len(r.token_ids)
-        details = None if r.prediction is None else CompletionTokensDetails(
-            accepted_prediction_tokens=r.prediction.accepted, rejected_prediction_tokens=r.prediction.rejected)
-        return cls(prompt_tokens=r.prompt_tokens, completion_tokens=n, total_tokens=r.prompt_tokens + n,
-                   prompt_tokens_details=PromptTokensDetails(cached_tokens=r.cached_prompt_tokens),
-                   completion_tokens_details=details,
-                   speculative=SpeculativeUsage(
-                       method=r.method, k=r.k, acceptance_rate=s.acceptance_rate if s else None,
-                       mean_acceptance_length=s.mean_acceptance_length if s else None,
-                       drafted=s.proposed if s else 0, accepted=s.accepted if s else 0,
-                       cache_hit_rate=s.cache_hit_rate if s else None))
-
-
-def _text(piece: bytes) -> str:
-    return piece.decode("utf-8", "replace")
-
-
-def chat_logprobs(entries: list[TokenLogprob]) -> dict:
-    """OpenAI's chat `logprobs` object for generated tokens."""
-    return {"content": [{"token": _text(e.piece), "logprob": e.logprob, "bytes": list(e.piece),
-                         "top_logprobs": [{"token": _text(b), "logprob": lp, "bytes": list(b)} for _, lp, b in e.top]}
-                        for e in entries], "refusal": None}
-
-
-def completion_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict:
-    """OpenAI's legacy completions `logprobs` object (text_offset counts characters from `offset`)."""
-    offsets = []
-    for e in entries:
-        offsets.append(offset)
-        offset += len(_text(e.piece))
-    return {"tokens": [_text(e.piece) for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [None if e.logprob is None else {_text(b): lp for _, lp, b in e.top} for e in entries],
-            "text_offset": offsets}
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: dict | None = None
-    finish_reason: str | None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: dict | None = None
-    finish_reason: str | None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-def result_logprobs(r: GenerationResult, chat: bool) -> dict | None:
-    """The choice's `logprobs` for a result: generated tokens (chat), or with echo the
-    prompt's tokens before them (completions); None when none were asked."""
-    if chat:
-        return None if r.logprobs is None else chat_logprobs(r.logprobs)
-    if r.logprobs is None and r.prompt_logprobs is None:
-        return None
-    return completion_logprobs([*(r.prompt_logprobs or []), *(r.logprobs or [])])
-
-
-def echoed(r: GenerationResult) -> str:
-    """The prompt's text as its tokens decode, echoed before the completion (echo: true)."""
-    return b"".join(e.piece for e in r.prompt_logprobs or []).decode("utf-8", "replace")
-
-
-def response_body(rid: str, model: str, r: GenerationResult, chat: bool) -> dict:
-    """The non-streaming response for a finished result (a completion that scored its
-    prompt, echo, starts with the prompt's text)."""
-    if chat:
-        return ChatCompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[ChatChoice(
-            message=AssistantMessage(content=r.text), logprobs=result_logprobs(r, chat),
-            finish_reason=r.finish_reason)]).model_dump()
-    return CompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[CompletionChoice(
-        text=echoed(r) + r.text, logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)]).model_dump()
-
-
-def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None = None,
-               role: bool = False, finish_reason: str | None = None,
-               usage: Usage | None = None, logprobs: dict | None = None) -> dict:
-    """One streaming chunk in OpenAI's format (usage given: the choices-less usage chunk)."""
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model}
-    if usage is not None:
-        return {**body, "choices": [], "usage": usage.model_dump()}
-    if chat:
-        delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
-        if text is not None:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    else:
-        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-    return {**body, "choices": [choice]}

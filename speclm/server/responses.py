@@ -1,0 +1,169 @@
+"""Response bodies of the OpenAI-compatible API: completions and chat completions,
+whole and as streamed chunks, with usage (speclm's speculative counters beside
+OpenAI's) and logprobs in OpenAI's shapes. A chat answer that may call tools has
+its calls parsed into tool_calls (tools.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ..metrics import GenerationResult, TokenLogprob
+from .tools import parse_calls
+
+
+class SpeculativeUsage(BaseModel):
+    method: str
+    k: int
+    acceptance_rate: float | None
+    mean_acceptance_length: float | None
+    drafted: int
+    accepted: int
+    cache_hit_rate: float | None = None  # SSD: rounds whose block was pre-drafted / rounds
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose KV the prefix cache restored (OpenAI's field)
+
+
+class CompletionTokensDetails(BaseModel):
+    accepted_prediction_tokens: int  # the prediction's tokens that appear in the completion (OpenAI's)
+    rejected_prediction_tokens: int  # the rest of the prediction's tokens
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None  # with a prediction
+    speculative: SpeculativeUsage
+
+    @classmethod
+    def of(cls, r: GenerationResult) -> Usage:
+        s = r.summary
+        n = len(r.token_ids)
+        details = None if r.prediction is None else CompletionTokensDetails(
+            accepted_prediction_tokens=r.prediction.accepted, rejected_prediction_tokens=r.prediction.rejected)
+        return cls(prompt_tokens=r.prompt_tokens, completion_tokens=n, total_tokens=r.prompt_tokens + n,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=r.cached_prompt_tokens),
+                   completion_tokens_details=details,
+                   speculative=SpeculativeUsage(
+                       method=r.method, k=r.k, acceptance_rate=s.acceptance_rate if s else None,
+                       mean_acceptance_length=s.mean_acceptance_length if s else None,
+                       drafted=s.proposed if s else 0, accepted=s.accepted if s else 0,
+                       cache_hit_rate=s.cache_hit_rate if s else None))
+
+
+def _text(piece: bytes) -> str:
+    return piece.decode("utf-8", "replace")
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict:
+    """OpenAI's chat `logprobs` object for generated tokens."""
+    return {"content": [{"token": _text(e.piece), "logprob": e.logprob, "bytes": list(e.piece),
+                         "top_logprobs": [{"token": _text(b), "logprob": lp, "bytes": list(b)} for _, lp, b in e.top]}
+                        for e in entries], "refusal": None}
+
+
+def completion_logprobs(entries: list[TokenLogprob], offset: int = 0) -> dict:
+    """OpenAI's legacy completions `logprobs` object (text_offset counts characters from `offset`)."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(_text(e.piece))
+    return {"tokens": [_text(e.piece) for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [None if e.logprob is None else {_text(b): lp for _, lp, b in e.top} for e in entries],
+            "text_offset": offsets}
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: dict | None = None
+    finish_reason: str | None
+
+
+class _Response(BaseModel):
+    id: str
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    usage: Usage
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[dict] | None = None  # OpenAI's {"id", "type": "function", "function": {"name", "arguments"}}
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: dict | None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+
+
+def result_logprobs(r: GenerationResult, chat: bool) -> dict | None:
+    """The choice's `logprobs` for a result: generated tokens (chat), or with echo the
+    prompt's tokens before them (completions); None when none were asked."""
+    if chat:
+        return None if r.logprobs is None else chat_logprobs(r.logprobs)
+    if r.logprobs is None and r.prompt_logprobs is None:
+        return None
+    return completion_logprobs([*(r.prompt_logprobs or []), *(r.logprobs or [])])
+
+
+def echoed(r: GenerationResult) -> str:
+    """The prompt's text as its tokens decode, echoed before the completion (echo: true)."""
+    return b"".join(e.piece for e in r.prompt_logprobs or []).decode("utf-8", "replace")
+
+
+def chat_finish_reason(r: GenerationResult, calls: list) -> str:
+    """The result's finish_reason; "tool_calls" for an answer that ended with its calls."""
+    return "tool_calls" if calls and r.finish_reason == "stop" else r.finish_reason
+
+
+def response_body(rid: str, model: str, r: GenerationResult, chat: bool, tools: set[str] | None = None) -> dict:
+    """The non-streaming response for a finished result (a completion that scored its
+    prompt, echo, starts with the prompt's text); with `tools` (the functions a chat
+    answer may call) its calls are parsed into tool_calls."""
+    if chat:
+        content, calls = parse_calls(r.text, tools) if tools else (r.text, [])
+        message = AssistantMessage(content=content, tool_calls=[c.as_dict() for c in calls] or None)
+        return ChatCompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[ChatChoice(
+            message=message, logprobs=result_logprobs(r, chat), finish_reason=chat_finish_reason(r, calls))]).model_dump()
+    return CompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[CompletionChoice(
+        text=echoed(r) + r.text, logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)]).model_dump()
+
+
+def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None = None,
+               role: bool = False, finish_reason: str | None = None,
+               usage: Usage | None = None, logprobs: dict | None = None, tool_calls: list | None = None) -> dict:
+    """One streaming chunk in OpenAI's format (usage given: the choices-less usage chunk)."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model}
+    if usage is not None:
+        return {**body, "choices": [], "usage": usage.model_dump()}
+    if chat:
+        delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
+        if text is not None:
+            delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = [{"index": i, **c.as_dict()} for i, c in enumerate(tool_calls)]
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+    return {**body, "choices": [choice]}
