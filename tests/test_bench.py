@@ -356,7 +356,8 @@ def test_a_predicted_bench_method_gives_the_prompt_its_prediction_and_the_others
     the prompt's prediction (counted in the result), its twin and every other method do not."""
     known = methods.bench_methods()
     assert {"auto+prediction", "sd-suffix+prediction"} <= set(known)
-    assert not any(n.startswith(("ar+", "sd-draft+", "sd-ngram+", "auto-ngram+")) for n in known)
+    assert not any(n.startswith(("ar+prediction", "sd-draft+prediction", "sd-ngram+prediction",
+                                 "auto-ngram+prediction")) for n in known)
     llm = LLM(target=ToyBackend(8, seed=3), draft=ToyBackend(8, seed=5))
     params = SamplingParams(max_new_tokens=12)
     with_it, without = known["sd-suffix+prediction"], known["sd-suffix"]

@@ -297,8 +297,10 @@ class Generation:
             if self.finished:
                 break
         delivered = len(self.stops.token_ids) - n_before  # EOS or a stop may cut the round short
-        if rnd.forced_from is not None:
-            self.grammar.forced_emitted += max(0, min(a, delivered) - rnd.forced_from)
+        if rnd.forced_from is not None and rnd.forced_from < len(d):  # the round's facts: forced drafts, taken
+            taken = max(0, min(a, delivered) - rnd.forced_from)
+            self.grammar.forced_emitted += taken
+            info = {**(info or {}), "forced": len(d) - rnd.forced_from, "forced_accepted": taken}
         if self.logprobs is not None:
             raw = self._raw_rows
             self.logprobs += [token_logprob(raw[i], t, self.params.logprobs, self.target.token_bytes)

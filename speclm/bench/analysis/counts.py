@@ -89,3 +89,14 @@ def heads_counts(rounds) -> dict:
     return {"heads_rounds": len(heads), "heads_ms": sum(r.info["heads_ms"] for r in heads),
             "learn_ms": sum(r.info.get("learn_ms", 0.0) for r in heads),
             "round_pa": [[r.proposed, r.accepted] for r in rounds]}
+
+
+def forced_counts(result) -> dict:
+    """A constrained request ({} otherwise): its emitted tokens the grammar forced, and its
+    drafts' forced tokens proposed and accepted (the rest's acceptance is
+    (accepted − forced_accepted) / (proposed − forced_proposed))."""
+    if result.forced_tokens is None:
+        return {}
+    infos = [r.info or {} for r in result.rounds]
+    return {"forced_tokens": result.forced_tokens, "forced_proposed": sum(i.get("forced", 0) for i in infos),
+            "forced_accepted": sum(i.get("forced_accepted", 0) for i in infos)}

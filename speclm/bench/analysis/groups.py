@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from ..setup.methods import BASELINE
+from ..setup.methods import BASELINE, SCHEMA_BASELINE
 from .counts import acceptance_from_counts, merge_counts
 from .distributions import distribution
 from .ratios import baseline_stats, pair_with_ar, speedup_stats, worth_it
@@ -43,7 +43,8 @@ def models_vary(rows: Iterable[dict]) -> bool:
 
 def label(row: dict, models: bool = False) -> str:
     """'sd-draft K=4'; with models, followed by the target (+ draft) it ran on."""
-    base = row["method"] if row["method"] == BASELINE or row.get("k") is None else f"{row['method']} K={row['k']}"
+    plain = row["method"] in (BASELINE, SCHEMA_BASELINE) or row.get("k") is None
+    base = row["method"] if plain else f"{row['method']} K={row['k']}"
     return f"{base} [{model_tag(row)}]" if models else base
 
 
@@ -66,7 +67,23 @@ def group_row(key: tuple, recs: Sequence[dict], pairs: Sequence[tuple[dict, dict
             "draft_share": sum(r["draft_ms"] for r in recs) / wall if wall > 0 else 0.0,
             "verify_share": sum(r["verify_ms"] for r in recs) / wall if wall > 0 else 0.0,
             "identity": {"compared": len(ident), "identical": sum(1 for i in ident if i["identical"])}
-            if ident else None, "ssd": ssd_stats(recs)}
+            if ident else None, "ssd": ssd_stats(recs), "structured": structured_stats(recs)}
+
+
+def structured_stats(recs: Sequence[dict]) -> dict | None:
+    """Over requests whose prompt has a grammar: answers valid (analysis/validity.py), the
+    share of output tokens the grammar forced, and the acceptance of the other drafted
+    tokens; None when no prompt had one."""
+    recs = [r for r in recs if "valid" in r]
+    if not recs:
+        return None
+    out = sum(r["output_tokens"] for r in recs)
+    forced = [r for r in recs if "forced_tokens" in r]
+    rest = sum(r["proposed"] - r.get("forced_proposed", 0) for r in recs)
+    return {"answers": len(recs), "valid": sum(bool(r["valid"]) for r in recs),
+            "stopped": sum(r["finish_reason"] == "stop" for r in recs),
+            "forced_share": sum(r["forced_tokens"] for r in forced) / out if forced and out else None,
+            "rest_acceptance": sum(r["accepted"] - r.get("forced_accepted", 0) for r in recs) / rest if rest else None}
 
 
 def ssd_stats(recs: Sequence[dict]) -> dict | None:

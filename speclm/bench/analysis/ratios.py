@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from ..setup.methods import BASELINE
+from ..setup.methods import BASELINE, baseline_of
 from .distributions import distribution
 
 Pair = tuple[dict, dict]
@@ -30,10 +30,12 @@ PAIR_KEYS = ("category", "prompt_index", "repeat", "temperature", "max_new_token
 
 
 def pair_with_ar(requests: Sequence[dict]) -> list[Pair]:
-    """(method record, AR record of the same prompt, repeat, T and max_new_tokens)."""
-    ar = {tuple(r.get(k) for k in PAIR_KEYS): r for r in requests if r["method"] == BASELINE}
+    """(method record, its baseline's record of the same prompt, repeat, T and max_new_tokens):
+    AR's, or for a NAME+schema method constrained AR's (setup/methods.baseline_of)."""
+    bases = {baseline_of(r["method"]) for r in requests} | {BASELINE}
+    ar = {(r["method"], *(r.get(k) for k in PAIR_KEYS)): r for r in requests if r["method"] in bases}
     return [(r, ar[key]) for r in requests
-            if r["method"] != BASELINE and (key := tuple(r.get(k) for k in PAIR_KEYS)) in ar]
+            if r["method"] != BASELINE and (key := (baseline_of(r["method"]), *(r.get(k) for k in PAIR_KEYS))) in ar]
 
 
 def _per(recs: Sequence[dict], ms: Callable[[dict], float], tokens: Callable[[dict], float | None]) -> float | None:

@@ -14,7 +14,8 @@ from .cells import num
 from .concurrency import concurrency_section
 from .results import acceptance_section, distributions_section, identity_section, results_section, verdicts_section
 from .sections import Section, warnings_section
-from .speculation import ceiling_section, halves_section, heads_section, projection_section, ssd_section
+from .speculation import (ceiling_section, halves_section, heads_section, projection_section, ssd_section,
+                          structured_section)
 from .trust import contamination_section
 from .variants import variants_section
 
@@ -56,6 +57,7 @@ def bench_sections(run, config: dict, manifest: dict, rows: list[dict], plots: l
             halves_section(halves(run.requests)),
             ceiling_section(ceilings or [], rows, len({v.get("target") for v in verdict_rows}) > 1),
             ssd_section(rows),
+            structured_section(rows),
             projection_section(project(run.requests)),
             heads_section(heads_rows(run.requests), rows),
             distributions_section(rows),

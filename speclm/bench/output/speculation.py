@@ -112,6 +112,29 @@ def ssd_section(rows: Sequence[dict]) -> Section:
     return Section("SSD speculation cache", markdown=md if ssd else None)
 
 
+def structured_section(rows: Sequence[dict]) -> Section:
+    """Rows of categories whose prompts carry a grammar (extract, tool-call): speed against
+    each row's baseline, the forced share, the rest's acceptance, valid answers."""
+    shown = [r for r in rows if r.get("structured") and r["category"] != "all"]
+    models = models_vary(rows)
+    body = [(r["category"], label(r, models), f"{r['temperature']:g}", num(r["tokens_per_s"], ".1f"),
+             num(r.get("speedup")), num(r.get("decode_speedup")), num(r["structured"]["forced_share"]),
+             num(r["structured"]["rest_acceptance"]),
+             f"{r['structured']['valid']}/{r['structured']['answers']} ({r['structured']['stopped']} stopped)")
+            for r in shown]
+    md = ["NAME+schema rows decode under the prompt's grammar (docs/design.md#structured-outputs); their "
+          "speedups are against ar+schema (constrained plain decoding), the other rows' against ar, and "
+          "ar+schema's own against ar is the grammar's cost per token. forced: the share of output tokens "
+          "the grammar forced (drafted for free); rest acc: the acceptance of the other drafted tokens; valid: "
+          "answers that parse and validate against their schema, checked with jsonschema.", "",
+          md_table(("category", "method", "T", "tok/s", "speedup", "decode speedup", "forced", "rest acc",
+                    "valid"), body)]
+    return Section("Structured outputs", {"structured": [
+        {k: r.get(k) for k in ("category", "method", "k", "temperature", "tokens_per_s", "speedup",
+                               "decode_speedup", "structured")} for r in shown]}, md if shown else None,
+        [escape(line) for line in md[2:]] if shown else [])
+
+
 def projection_section(rows: list[dict]) -> Section:
     """SSD on hardware of its own, labelled a projection (no lines without ssd and sd-draft rows)."""
     def f(x, spec=".1f"):

@@ -9,7 +9,9 @@ import time
 
 from ...metrics import GenerationResult
 from ...sampling import SamplingParams
-from ..analysis.counts import acceptance_from_counts, heads_counts, round_counts, ssd_counts
+from ..analysis.counts import acceptance_from_counts, forced_counts, heads_counts, round_counts, ssd_counts
+from ..analysis.validity import answer_valid
+from ..setup.workloads import Prompt
 from ..trust import starvation
 from ..trust.policy import TrustPolicy
 
@@ -40,6 +42,7 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
             "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
             "target": result.target, "draft": result.draft, "text": result.text,
             "token_ids": result.token_ids, **ssd_counts(result.rounds), **heads_counts(result.rounds),
+            **forced_counts(result),
             **({"prediction_accepted": result.prediction.accepted, "prediction_rejected": result.prediction.rejected}
                if result.prediction is not None else {})}
 
@@ -50,14 +53,18 @@ def sampling_params(cfg, temperature: float, max_new: int, seed: int) -> Samplin
 
 
 def timed(arm, scope: str, ids: list[int], params: SamplingParams, head: dict, threads: int | None,
-          policy: TrustPolicy, cores: int, prediction: str | None = None) -> tuple[dict, GenerationResult]:
-    """One request of `arm` in cache scope `scope` (given the prompt's `prediction`, which
-    only a predicted method reads), with its record, CPU share and starvation verdict
-    (trust/starvation.py)."""
+          policy: TrustPolicy, cores: int, prompt: Prompt | None = None) -> tuple[dict, GenerationResult]:
+    """One request of `arm` in cache scope `scope` (given the prompt's prediction, which only
+    a predicted method reads, and its grammar, which only a constrained one applies), with
+    its record, CPU share and starvation verdict (trust/starvation.py); a prompt with a
+    grammar also gets whether the answer is valid (analysis/validity.py)."""
     c0, w0 = starvation.cpu_clock(), time.perf_counter()
-    result = arm.method.generate(arm.llm, ids, params, arm.spec(scope), prediction)
+    result = arm.method.generate(arm.llm, ids, params, arm.spec(scope), prompt and prompt.prediction,
+                                 prompt and prompt.grammar)
     cpu_s, wall_s = starvation.cpu_clock() - c0, time.perf_counter() - w0
     rec = request_record(result, head)
+    if prompt is not None and prompt.grammar is not None:
+        rec["valid"] = answer_valid(prompt, result.text)
     rec.update(cpu_s=cpu_s, cpu_share=cpu_s / wall_s if wall_s > 0 else None, threads=threads,
                starved=starvation.starved(cpu_s, wall_s, threads, policy.min_share, cores), attempt=0,
                rerun_reason=None)

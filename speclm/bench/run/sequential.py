@@ -37,7 +37,7 @@ from ...metrics import GenerationResult
 from ...sampling import SamplingParams
 from ...speculative.identity import compare_to_ar
 from ..setup.config import Arm, BenchConfig, make_arms
-from ..setup.methods import BASELINE
+from ..setup.methods import BASELINE, SCHEMA_BASELINE
 from ..setup.workloads import Prompt
 from ..trust import phases
 from ..trust.quiet import after_wait, busy_during, busy_warning, wait_for_quiet
@@ -74,7 +74,7 @@ def encode_prompts(llm: LLM, prompts: Sequence[Prompt], max_new: int) -> list[li
     """Token ids per prompt; a prompt that cannot fit with max_new tokens fails up front."""
     out = []
     for p in prompts:
-        ids = llm.encode(list(p.prompt) if not isinstance(p.prompt, str) else p.prompt, chat=p.chat)
+        ids = p.encode(llm)
         if problem := context_problem(llm.target.n_ctx, len(ids), max_new):
             raise InvalidRequestError(f"{p.category} prompt {p.index}: {problem[0]}: raise --n-ctx or lower "
                                       f"--max-new-tokens")
@@ -125,12 +125,13 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     records: list[dict] = []
 
     def finalize(unit: Unit) -> None:
-        ids, params, _, _ = unit.context
-        ar = next((s for s in unit.slots if s.baseline), None)
+        ids, params = unit.context[:2]
+        by_name = {arms[s.arm_index].method.name: s for s in unit.slots}
         for s in unit.slots:
             rec, result = s.attempts[-1]
             rec["identity"] = None
-            if params.greedy and not s.baseline and ar is not None:
+            ar = by_name.get(arms[s.arm_index].method.baseline)  # AR, or constrained AR for a +schema method
+            if params.greedy and not s.baseline and ar is not None and ar is not s:
                 rec["identity"] = compare_to_ar(llm.target, ids, ar.result.token_ids, result.token_ids).to_dict()
             records.append(rec)
             if sink:
@@ -139,9 +140,9 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                 on_request(rec)
 
     def rerun(unit: Unit, slot: Slot, reason: str) -> tuple[dict, GenerationResult]:
-        ids, params, phase, prediction = unit.context
+        ids, params, phase, prompt = unit.context
         rec, result = timed(arms[slot.arm_index], phase.scope(slot.arm_index), ids, params, slot.head,
-                            threads[slot.arm_index], policy, cores, prediction)
+                            threads[slot.arm_index], policy, cores, prompt)
         rec["rerun_reason"] = reason
         return rec, result
 
@@ -158,7 +159,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                     seed = cfg.seed + 100_003 * rep + pi
                     params = sampling_params(cfg, temp, max_new, seed)
                     phase = pass_of[(rep, temp, max_new)]
-                    unit = Unit([], context=(ids, params, phase, prompt.prediction))
+                    unit = Unit([], context=(ids, params, phase, prompt))
                     for ai, arm in enumerate(arms):
                         n += 1
                         head = {"request_id": f"r{n:05d}", "category": prompt.category,
@@ -166,8 +167,9 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                                 "k": arm.k, "temperature": temp, "max_new_tokens": max_new,
                                 "seed": seed, "chat": prompt.chat, **(meta or {}), **arm.meta}
                         rec, result = timed(arm, phase.scope(ai), ids, params, head, threads[ai], policy, cores,
-                                            prompt.prediction)
-                        unit.slots.append(Slot(ai, arm.method.name == BASELINE, again[ai], [(rec, result)], head))
+                                            prompt)
+                        base = arm.method.name in (BASELINE, SCHEMA_BASELINE)
+                        unit.slots.append(Slot(ai, base, again[ai], [(rec, result)], head))
                     queue.add(unit)
     queue.finish()
     conc = run_concurrency(rows, dict(zip(prompts, encoded)), cfg, arms, on_concurrency, meta, sink)

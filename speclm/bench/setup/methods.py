@@ -2,7 +2,10 @@
 
 Every table method is a bench method of the same name; an adaptive method is
 also listed once per other proposal it can draft with, as NAME-PROPOSAL
-(`auto-ngram`: auto over prompt lookup). `uses_k=False` methods (plain
+(`auto-ngram`: auto over prompt lookup). Every method is also listed as
+NAME+schema: the same method constrained by the prompt's grammar (extract's
+schema, tool-call's call format; docs/design.md#structured-outputs), so
+`ar+schema` is constrained plain decoding, the baseline of the +schema rows. `uses_k=False` methods (plain
 decoding) run once per prompt, not once per K. The settings a method does not
 sweep (SSD fan-out, n-gram sizes, ...) come from one base SpecConfig: the
 command line's.
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...api import LLM, SpecConfig
+from ...constraints import Grammar
 from ...errors import InvalidRequestError
 from ...metrics import GenerationResult
 from ...sampling import SamplingParams
@@ -22,6 +26,7 @@ from ...speculative.methods import METHODS as TABLE
 from ...speculative.methods import PROPOSALS
 
 BASELINE = "ar"
+SCHEMA_BASELINE = "ar+schema"  # constrained plain decoding: the baseline of the NAME+schema methods
 BENCH_DEFAULT = tuple(m.name for m in TABLE.values() if m.in_default_bench)  # the methods a bench runs by default
 
 
@@ -35,12 +40,19 @@ class BenchMethod:
     proposer: str | None = None
     base: SpecConfig = dataclasses.field(default_factory=lambda: SpecConfig(method=BASELINE))
     predicted: bool = False  # drafts from the prompt's prediction too (NAME+prediction)
+    constrained: bool = False  # the answer is constrained by the prompt's grammar (NAME+schema)
 
     @property
     def description(self) -> str:
         text = TABLE[self.method].description
         text = f"{text}; drafts with {self.proposer}" if self.proposer else text
-        return f"{text}; given the prompt's prediction (Predicted Outputs)" if self.predicted else text
+        text = f"{text}; given the prompt's prediction (Predicted Outputs)" if self.predicted else text
+        return f"{text}; constrained by the prompt's grammar" if self.constrained else text
+
+    @property
+    def baseline(self) -> str:
+        """The bench method this one's ratios and greedy identity are against."""
+        return baseline_of(self.name)
 
     @property
     def uses_k(self) -> bool:
@@ -55,10 +67,18 @@ class BenchMethod:
                                    k=k if self.uses_k else self.base.k, shared=True)
 
     def generate(self, llm: LLM, prompt_ids: list[int], params: SamplingParams,
-                 spec: SpecConfig, prediction: str | None = None) -> GenerationResult:
+                 spec: SpecConfig, prediction: str | None = None, grammar: Grammar | None = None) -> GenerationResult:
         """One request with this method (the timed call of run/records.timed); a
-        predicted method is given the prompt's prediction, the others never."""
+        predicted method is given the prompt's prediction, the others never; a
+        constrained one the prompt's grammar (and no ignore_eos: the grammar ends the answer)."""
+        if self.constrained and grammar is not None:
+            params = dataclasses.replace(params, grammar=grammar, ignore_eos=False)
         return llm.generate(prompt_ids, params, spec, prediction=prediction if self.predicted else None)
+
+
+def baseline_of(method: str) -> str:
+    """The method a bench method's ratios and greedy identity are against (by name)."""
+    return SCHEMA_BASELINE if method.endswith("+schema") and method != SCHEMA_BASELINE else BASELINE
 
 
 def bench_methods(base: SpecConfig | None = None) -> dict[str, BenchMethod]:
@@ -77,6 +97,8 @@ def bench_methods(base: SpecConfig | None = None) -> dict[str, BenchMethod]:
         kind = bm.proposer or TABLE[bm.method].proposal
         if kind is not None and PROPOSALS[kind].predicts:
             out[f"{name}+prediction"] = dataclasses.replace(bm, name=f"{name}+prediction", predicted=True)
+    for name, bm in list(out.items()):  # NAME+schema: the same method under the prompt's grammar
+        out[f"{name}+schema"] = dataclasses.replace(bm, name=f"{name}+schema", constrained=True)
     return out
 
 
@@ -90,9 +112,12 @@ def get_method(name: str, base: SpecConfig | None = None) -> BenchMethod:
 
 
 def parse_methods(names: Sequence[str], base: SpecConfig | None = None) -> list[BenchMethod]:
-    """Methods in the order given, duplicates dropped, the AR baseline always first."""
+    """Methods in the order given, duplicates dropped, the AR baseline always first (and
+    constrained AR second when a +schema method is asked for: their baseline)."""
     seen = list(dict.fromkeys(n.strip() for n in names if n.strip()))
     methods = [get_method(n, base) for n in seen]
+    if any(m.constrained for m in methods) and SCHEMA_BASELINE not in seen:
+        methods.insert(0, get_method(SCHEMA_BASELINE, base))
     if BASELINE not in seen:
         methods.insert(0, get_method(BASELINE, base))
-    return sorted(methods, key=lambda m: m.name != BASELINE)
+    return sorted(methods, key=lambda m: (m.name != BASELINE, m.name != SCHEMA_BASELINE))

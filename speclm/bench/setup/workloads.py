@@ -22,6 +22,12 @@ Built-in categories (each holds >= 20 prompts):
              Outputs, `prediction`): a 60-90 line file and one small edit to
              apply (the prediction: the file before the edit); a paragraph
              with a few typos to fix (the prediction: the paragraph).
+- extract and tool-call carry what their answer must match (`grammar`, for the
+  NAME+schema methods): extract's lines its JSON schema (`schema`), tool-call's
+  lines one to three functions with typed arguments (`tools`, OpenAI's shape),
+  shown to the model by its chat template; the answer is one call in the
+  model's own format (tool_choice "required", parallel_tool_calls false: an
+  agent's step), its arguments valid under its function's schema.
 
 `load_dataset(path)` reads either Spec-Bench's question.jsonl (question_id,
 category, turns; the first turn is used) or a plain JSONL of {category,
@@ -39,11 +45,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import SpeclmError
+from ...constraints import Grammar
+from ...errors import InvalidRequestError, SpeclmError
 from ...options import option
 
 CATEGORIES: tuple[str, ...] = ("humaneval", "code-edit", "chat", "summarize", "translate", "math",
-                               "extract", "multi-turn-edit", "rag-quote", "apply-edit", "rewrite")
+                               "extract", "multi-turn-edit", "rag-quote", "apply-edit", "rewrite", "tool-call")
 RAW_CATEGORIES = frozenset({"humaneval"})  # run without the chat template
 
 
@@ -62,12 +69,24 @@ class Prompt:
     chat: bool
     source: str = "builtin"
     prediction: str | None = None  # the output the client expects (Predicted Outputs)
+    grammar: Grammar | None = None  # what the answer must match (the NAME+schema methods apply it)
+    tools: str | None = None  # the functions the chat template shows the model (JSON text of OpenAI's tools)
 
     def to_dict(self) -> dict:
         text = self.prompt if isinstance(self.prompt, str) else list(self.prompt)
         return {"category": self.category, "index": self.index, "prompt": text,
                 "chat": self.chat, "source": self.source,
-                **({"prediction": self.prediction} if self.prediction is not None else {})}
+                **({"prediction": self.prediction} if self.prediction is not None else {}),
+                **({"grammar": {"kind": self.grammar.kind, "text": self.grammar.text}} if self.grammar else {}),
+                **({"tools": json.loads(self.tools)} if self.tools else {})}
+
+    def encode(self, llm) -> list[int]:
+        """The prompt's token ids: raw, or through the chat template (with its tools)."""
+        if not isinstance(self.prompt, str):
+            return llm.encode(list(self.prompt))
+        if self.tools:
+            return llm.target.tokenize_chat([{"role": "user", "content": self.prompt}], json.loads(self.tools))
+        return llm.encode(self.prompt, chat=self.chat)
 
 
 def _chat_for(category: str) -> bool:
@@ -98,8 +117,8 @@ def builtin_prompts(category: str, n: int | None = None) -> list[Prompt]:
     res = importlib.resources.files("speclm.bench").joinpath("data", f"{category}.jsonl")
     text = res.read_text(encoding="utf-8")
     items = parse_jsonl(text.splitlines(), f"speclm/bench/data/{category}.jsonl")
-    prompts = [Prompt(category, i, p.prompt, _chat_for(category), prediction=p.prediction)
-               for i, p in enumerate(items)]
+    prompts = [Prompt(category, i, p.prompt, _chat_for(category), prediction=p.prediction, grammar=p.grammar,
+                      tools=p.tools) for i, p in enumerate(items)]
     return prompts if n is None else prompts[:n]
 
 
@@ -116,7 +135,8 @@ def _fail(where: str, lineno: int, why: str) -> BenchDataError:
 
 
 def _parse_line(obj: object, where: str, lineno: int) -> tuple[str, str, bool | None, str | None]:
-    """(category, prompt, chat or None, prediction or None) from one decoded line of either format."""
+    """(category, prompt, chat or None, prediction or None) from one decoded line of either format
+    (its schema and tools: `_answer_shape`)."""
     if not isinstance(obj, dict):
         raise _fail(where, lineno, f"expected a JSON object, got {type(obj).__name__}")
     if "turns" in obj:  # Spec-Bench: {question_id, category, turns: [str, ...]}
@@ -144,6 +164,22 @@ def _parse_line(obj: object, where: str, lineno: int) -> tuple[str, str, bool | 
     return category.strip(), prompt, chat, prediction
 
 
+def _answer_shape(obj: dict, where: str, lineno: int) -> tuple[Grammar | None, str | None]:
+    """(grammar, tools JSON) of a line: its "schema" (a JSON schema) or its "tools" (OpenAI's
+    tools: the answer is one call, its arguments valid under the function's schema)."""
+    schema, tools = obj.get("schema"), obj.get("tools")
+    try:
+        if schema is not None:
+            return Grammar.json_schema(schema), None
+        if tools is not None:
+            from ...server.tools import ToolDef, call_grammar
+            defs = [ToolDef.model_validate(t) for t in tools]
+            return call_grammar(defs, "required", False, None), json.dumps(tools)
+    except (InvalidRequestError, ValueError, TypeError, KeyError) as exc:
+        raise _fail(where, lineno, f"bad 'schema' or 'tools': {exc}") from None
+    return None, None
+
+
 def parse_jsonl(lines: Iterable[str], where: str) -> list[Prompt]:
     """Prompts from JSONL lines (blank lines skipped); indices count per category."""
     out: list[Prompt] = []
@@ -156,9 +192,11 @@ def parse_jsonl(lines: Iterable[str], where: str) -> list[Prompt]:
         except json.JSONDecodeError as exc:
             raise _fail(where, lineno, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
         category, prompt, chat, prediction = _parse_line(obj, where, lineno)
+        grammar, tools = _answer_shape(obj, where, lineno)
         idx = per_cat.get(category, 0)
         per_cat[category] = idx + 1
-        out.append(Prompt(category, idx, prompt, _chat_for(category) if chat is None else chat, where, prediction))
+        out.append(Prompt(category, idx, prompt, _chat_for(category) if chat is None else chat, where, prediction,
+                          grammar, tools))
     if not out:
         raise BenchDataError(f"{where}: no prompts (expected JSONL lines with 'prompt' or 'turns')")
     return out
