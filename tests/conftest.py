@@ -1,4 +1,5 @@
-"""Shared fixtures: the real small model (SmolLM2-135M) loaded once."""
+"""Shared fixtures: the real small models (SmolLM2-135M; Qwen2.5-Coder-0.5B, whose chat
+template writes tool calls) loaded once."""
 
 from __future__ import annotations
 
@@ -10,6 +11,15 @@ def smollm():
     """An LLM over the embedded SmolLM2-135M (no draft)."""
     from speclm import LLM
     llm = LLM(target="smollm2-135m", max_sequences=4)
+    yield llm
+    llm.close()
+
+
+@pytest.fixture(scope="session")
+def qwen_small():
+    """An LLM over the embedded Qwen2.5-Coder-0.5B (no draft): the shipped vocabulary and template."""
+    from speclm import LLM
+    llm = LLM(target="qwen2.5-coder-0.5b", max_sequences=2)
     yield llm
     llm.close()
 

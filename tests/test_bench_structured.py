@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from speclm import LLM, SamplingParams
+from speclm import SamplingParams
 from speclm.bench.analysis.groups import group_rows
 from speclm.bench.analysis.ratios import pair_with_ar
 from speclm.bench.analysis.validity import answer_valid
@@ -18,10 +18,8 @@ from speclm.constraints import check_grammar
 
 
 @pytest.fixture(scope="module")
-def qwen():
-    llm = LLM(target="qwen2.5-coder-0.5b", max_sequences=1)
-    yield llm
-    llm.close()
+def qwen(qwen_small):
+    return qwen_small
 
 
 def test_extract_and_tool_call_prompts_carry_grammars_that_compile_on_qwens_vocabulary(qwen):

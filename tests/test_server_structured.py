@@ -173,12 +173,10 @@ TIME = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def qwen():
-    llm = LLM(target="qwen2.5-coder-0.5b", max_sequences=2)
-    app = create_app(llm, ServerConfig(model_id="qwen", max_concurrency=2))
+def qwen(qwen_small):
+    app = create_app(qwen_small, ServerConfig(model_id="qwen", max_concurrency=2))
     with live(app) as (url, _):
-        yield llm, url
-    llm.close()
+        yield qwen_small, url
 
 
 def test_a_two_turn_tool_loop_in_qwens_own_call_format(qwen):
