@@ -234,10 +234,13 @@ class GrammarMask:
             return start
         if draft.confidence is not None or not draft.tokens:
             draft.confidence = [*(draft.confidence or []), *[1.0] * len(forced)]
-        if draft.tokens and draft.origins is None and draft.source is not None:  # name each token's source
-            draft.origins = tuple((draft.source, (draft.match_len or 0) + j) for j in range(len(draft)))
-        if draft.origins is not None or draft.tokens:
-            draft.origins = (*(draft.origins or ()), *[("grammar", 0)] * len(forced))
+        if draft.tokens and draft.origins is None:  # each token's source, as controller.draft_groups reads it
+            draft.origins = tuple((draft.source, draft.match_len + j if draft.match_len else None)
+                                  for j in range(start))
+        if draft.origins is not None:
+            draft.origins = (*draft.origins[:start], *[("grammar", 0)] * len(forced))
+        if draft.support is not None:  # no count behind a forced token: its estimate 1.0 stands as is
+            draft.support = (*draft.support[:start], *[0] * len(forced))
         draft.source = draft.source or "grammar"
         draft.tokens += forced
         draft.q += [None] * len(forced)

@@ -88,6 +88,26 @@ def test_a_draft_is_clipped_at_its_first_forbidden_token_and_forced_tokens_follo
     assert len(sampled) == 2  # a drawn forbidden token stays: rejected, its residual drawn
 
 
+def test_the_controller_verifies_a_forced_tail_only_where_the_drafts_before_it_pay():
+    """Forced tokens are certain once reached: a block of a likely draft and the forced run
+    after it is verified whole; behind an unlikely draft the forced rows would cost more
+    than they bring (at a Zen-like curve), so the cut falls before them."""
+    from speclm.costs import CostModel
+    from speclm.speculative.controller import GoodputController
+    from speclm.speculative.proposers.base import Draft
+    target = toy()
+    mask = GrammarMask(Grammar.regex(r"(ab|ba)-xyz-[01]"), target)
+    curve = {1: 10.0, 2: 17.0, 4: 25.0, 8: 45.0, 16: 75.0}  # a 2-row verify costs 1.7 steps
+    for estimate, whole in ((0.97, True), (0.2, False)):
+        ctrl = GoodputController(CostModel(verify_ms=dict(curve), weight=0.0), k_max=16, per_position=True)
+        d = Draft(target.tokenize("a"), [None], [estimate], match_len=4, support=(50,), source="own")
+        start = mask.shape(d, 16, SamplingParams())
+        assert start == 1 and target.detokenize(d.tokens) == "ab-xyz-"  # after an "a", "b-xyz-" is forced
+        assert len(d.origins) == len(d.support) == len(d.confidence) == len(d)
+        kept = ctrl.keep(d, 0)
+        assert kept == (len(d) if whole else 0), (estimate, kept, ctrl.prefix_note)
+
+
 # ---- exact under speculation ---------------------------------------------------------
 @pytest.mark.parametrize("method,k", METHODS)
 def test_constrained_greedy_speculation_equals_constrained_plain_decoding(llm, method, k):

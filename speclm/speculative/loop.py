@@ -256,14 +256,15 @@ class Generation:
         t0 = time.perf_counter()
         d = draft(self.proposer, self.context, k_r, self.params, self.rng)
         info = self.proposer.round_info() if self.proposer is not None and k_r > 0 else None
-        if d.tokens:
+        forced_from = None
+        if self.grammar is not None:  # clip to the grammar, then draft what it forces (certain drafts)
+            forced_from = self.grammar.shape(d, k_max, self.params)
+        if d.tokens:  # the controller prices the whole block, forced tokens as certain ones
             kept = self.controller.keep(d, len(self.context))
             if d.confidence is not None:  # a per-position cut: the trace says what was kept and why
                 info = {**(info or {}), "drafted": len(d), "kept": kept, "choice": self.controller.prefix_note}
             d.truncate(kept)
-        forced_from = None
-        if self.grammar is not None:  # clip to the grammar, then draft what it forces
-            forced_from = self.grammar.shape(d, k_max, self.params)
+            forced_from = None if forced_from is None else min(forced_from, kept)
         return Round(d, [self.context[-1], *d.tokens], note, info, (time.perf_counter() - t0) * 1000, forced_from)
 
     def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray]:
