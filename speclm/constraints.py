@@ -212,19 +212,46 @@ class GrammarMask:
                 raise RuntimeError(f"grammar state lost: emitted token {token} was not allowed "
                                    f"({self.matcher.get_error()})")
 
-    def shape(self, draft, room: int, params) -> int:
+    def shape(self, draft, room: int, params, extend=None) -> list[int]:
         """Clip draft (a proposers.base.Draft, in place) to what the grammar allows, then
-        append the tokens it forces after it, to at most `room` tokens in all. Returns
-        where the forced tokens start in the draft (its length when none were added)."""
+        append the tokens it forces after it, to at most `room` tokens in all; with
+        extend(drafted, n) (a proposer's continuation of up to n tokens after the
+        block so far, proposers.base.Proposer.extend) drafting goes on after each
+        forced run, clipped the same way, and forced runs after that. Returns the
+        positions of the forced tokens in the draft."""
         n = self.valid_prefix(draft.tokens)
         if n < len(draft):
             drawn = draft.q[n] is not None and not params.greedy and params.seed is None
             draft.truncate(n + 1 if drawn else n)
             if drawn:  # its rejection draws from the residual of its q (module docstring)
-                return len(draft)
-        start = len(draft)
-        if start >= room or self.matcher.is_stopped():
-            return start
+                return []
+        estimates = draft.confidence is not None or not draft.tokens  # a controller can price the block
+        forced_at: list[int] = []
+        consumed = 0
+        try:
+            while len(draft) < room and not self.matcher.is_stopped():
+                self.matcher.consume_tokens(list(draft.tokens[consumed:]))
+                consumed = len(draft)
+                forced = self.matcher.compute_ff_tokens()[:room - len(draft)]
+                if not forced:
+                    break
+                forced_at += range(len(draft), len(draft) + len(forced))
+                _append(draft, forced, [1.0] * len(forced) if estimates else None, ("grammar", None), [0] * len(forced))
+                if extend is None or not estimates or len(draft) >= room:
+                    break
+                self.matcher.consume_tokens(forced)
+                consumed = len(draft)
+                more = extend(list(draft.tokens), room - len(draft))
+                kept = self.valid_prefix(more.tokens)
+                if not kept:
+                    break
+                _append(draft, more.tokens[:kept], more.confidence[:kept], (more.source, more.match_len),
+                        list(more.support or [0] * kept)[:kept], more.origins)
+        finally:
+            if consumed:
+                self.matcher.rollback(consumed)
+        self._check()
+        return forced_at
         self.matcher.consume_tokens(list(draft.tokens))
         forced = self.matcher.compute_ff_tokens()[:room - start]
         if draft.tokens:
@@ -245,3 +272,24 @@ class GrammarMask:
         draft.tokens += forced
         draft.q += [None] * len(forced)
         return start
+
+
+def _append(draft, tokens: list[int], confidence: list[float] | None, origin: tuple[str | None, int | None],
+            support: list[int], origins: tuple | None = None) -> None:
+    """Append deterministic draft tokens, keeping the draft's parallel fields aligned:
+    confidence (where the draft has estimates), support, and origins (each token's source
+    and the match its estimate rests on, as controller.draft_groups reads them; `origin`
+    names a run's source and the match length of its first token)."""
+    n = len(draft)
+    if draft.tokens and draft.origins is None:
+        draft.origins = tuple((draft.source, draft.match_len + j if draft.match_len else None) for j in range(n))
+    source, length = origin
+    new = origins[:len(tokens)] if origins else tuple((source, length + j if length else None)
+                                                       for j in range(len(tokens)))
+    draft.origins = (*(draft.origins or ())[:n], *new)
+    draft.support = (*(draft.support or [0] * n)[:n], *support)
+    if confidence is not None:
+        draft.confidence = [*(draft.confidence or []), *confidence]
+    draft.source = draft.source or source
+    draft.tokens += list(tokens)
+    draft.q += [None] * len(tokens)

@@ -74,18 +74,42 @@ def test_a_draft_is_clipped_at_its_first_forbidden_token_and_forced_tokens_follo
     from speclm.speculative.proposers.base import Draft
     mask = GrammarMask(Grammar.json_schema(SCHEMA), llm.target)
     d = Draft(llm.target.tokenize('{"a": 1x'), [None] * 8)
-    start = mask.shape(d, 16, SamplingParams())
-    assert start == 7 and llm.target.detokenize(d.tokens).startswith('{"a": 1')
-    forced = llm.target.detokenize(d.tokens[start:])
+    forced_at = mask.shape(d, 16, SamplingParams())
+    assert llm.target.detokenize(d.tokens[:7]) == '{"a": 1' and forced_at == list(range(7, len(d)))
+    forced = llm.target.detokenize(d.tokens[7:])
     assert forced == "" or forced.startswith(",") or forced[0].isdigit()
     d = Draft(llm.target.tokenize('{"a": 12'), [None] * 8)
     mask.shape(d, 16, SamplingParams())
     assert llm.target.detokenize(d.tokens) == '{"a": 12'  # a digit or ", " may follow: nothing forced
     d = Draft([], [])
-    assert mask.shape(d, 3, SamplingParams()) == 0 and llm.target.detokenize(d.tokens) == '{"a'  # room 3
+    assert mask.shape(d, 3, SamplingParams()) == [0, 1, 2] and llm.target.detokenize(d.tokens) == '{"a'  # room 3
     sampled = Draft(llm.target.tokenize('{x'), [np.full(len(ALPHABET), 1 / len(ALPHABET))] * 2)
     mask.shape(sampled, 16, SamplingParams(temperature=1.0))
     assert len(sampled) == 2  # a drawn forbidden token stays: rejected, its residual drawn
+
+
+def test_drafting_goes_on_after_a_forced_run_clipped_to_the_grammar():
+    """A proposer's continuation after each forced run joins the block (its estimates and
+    origins kept), clipped where the grammar forbids it; forced runs after it follow."""
+    from speclm.speculative.proposers.base import Draft
+    target = toy()
+    mask = GrammarMask(Grammar.regex(r"x-(ab|ba)-[01]{3}"), target)
+    asked: list[str] = []
+
+    def extend(drafted: list[int], n: int) -> Draft:
+        asked.append(target.detokenize(drafted))
+        more = target.tokenize({"x-": "abz", "x-ab-": "10"}.get(asked[-1], ""))
+        return Draft(more, [None] * len(more), [0.8] * len(more), match_len=3, support=(5,) * len(more),
+                     source="own")
+
+    d = Draft([], [], [])
+    forced_at = mask.shape(d, 16, SamplingParams(), extend)
+    assert target.detokenize(d.tokens) == "x-ab-10" and forced_at == [0, 1, 4]  # "z" clipped, "-" forced
+    assert asked == ["x-", "x-ab-"]
+    assert d.confidence == [1.0, 1.0, 0.8, 0.8, 1.0, 0.8, 0.8]
+    assert [src for src, _ in d.origins] == ["grammar", "grammar", "own", "own", "grammar", "own", "own"]
+    assert len(d.support) == len(d.q) == len(d)
+    assert mask.valid_prefix(target.tokenize("x-ba-")) == 5  # the matcher's state is back where it was
 
 
 def test_the_controller_verifies_a_forced_tail_only_where_the_drafts_before_it_pay():
@@ -101,8 +125,8 @@ def test_the_controller_verifies_a_forced_tail_only_where_the_drafts_before_it_p
     for estimate, whole in ((0.97, True), (0.2, False)):
         ctrl = GoodputController(CostModel(verify_ms=dict(curve), weight=0.0), k_max=16, per_position=True)
         d = Draft(target.tokenize("a"), [None], [estimate], match_len=4, support=(50,), source="own")
-        start = mask.shape(d, 16, SamplingParams())
-        assert start == 1 and target.detokenize(d.tokens) == "ab-xyz-"  # after an "a", "b-xyz-" is forced
+        forced_at = mask.shape(d, 16, SamplingParams())
+        assert forced_at == [1, 2, 3, 4, 5, 6] and target.detokenize(d.tokens) == "ab-xyz-"  # "b-xyz-" forced
         assert len(d.origins) == len(d.support) == len(d.confidence) == len(d)
         kept = ctrl.keep(d, 0)
         assert kept == (len(d) if whole else 0), (estimate, kept, ctrl.prefix_note)

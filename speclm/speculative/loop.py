@@ -135,7 +135,7 @@ class Round:
     note: str | None = None  # why this K (the controller's word, for the trace)
     info: dict | None = None  # the proposer's facts about this draft, for the trace
     draft_ms: float = 0.0
-    forced_from: int | None = None  # where the tokens the grammar forced start in the draft (None: no grammar)
+    forced_at: tuple[int, ...] = ()  # the positions in the draft of the tokens the grammar forced
 
 
 class Generation:
@@ -256,16 +256,19 @@ class Generation:
         t0 = time.perf_counter()
         d = draft(self.proposer, self.context, k_r, self.params, self.rng)
         info = self.proposer.round_info() if self.proposer is not None and k_r > 0 else None
-        forced_from = None
-        if self.grammar is not None:  # clip to the grammar, then draft what it forces (certain drafts)
-            forced_from = self.grammar.shape(d, k_max, self.params)
+        forced_at: list[int] = []
+        if self.grammar is not None:  # clip to the grammar, draft what it forces (certain), go on after it
+            extend = None if self.proposer is None or k_r <= 0 else \
+                (lambda drafted, n: self.proposer.extend(self.context, drafted, n))
+            forced_at = self.grammar.shape(d, k_max, self.params, extend)
         if d.tokens:  # the controller prices the whole block, forced tokens as certain ones
             kept = self.controller.keep(d, len(self.context))
             if d.confidence is not None:  # a per-position cut: the trace says what was kept and why
                 info = {**(info or {}), "drafted": len(d), "kept": kept, "choice": self.controller.prefix_note}
             d.truncate(kept)
-            forced_from = None if forced_from is None else min(forced_from, kept)
-        return Round(d, [self.context[-1], *d.tokens], note, info, (time.perf_counter() - t0) * 1000, forced_from)
+            forced_at = [i for i in forced_at if i < kept]
+        return Round(d, [self.context[-1], *d.tokens], note, info, (time.perf_counter() - t0) * 1000,
+                     tuple(forced_at))
 
     def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray]:
         """Stage 2's processing of this request's scored rows: row i processed with
@@ -298,10 +301,10 @@ class Generation:
             if self.finished:
                 break
         delivered = len(self.stops.token_ids) - n_before  # EOS or a stop may cut the round short
-        if rnd.forced_from is not None and rnd.forced_from < len(d):  # the round's facts: forced drafts, taken
-            taken = max(0, min(a, delivered) - rnd.forced_from)
+        if rnd.forced_at:  # the round's facts: forced drafts, taken
+            taken = sum(i < min(a, delivered) for i in rnd.forced_at)
             self.grammar.forced_emitted += taken
-            info = {**(info or {}), "forced": len(d) - rnd.forced_from, "forced_accepted": taken}
+            info = {**(info or {}), "forced": len(rnd.forced_at), "forced_accepted": taken}
         if self.logprobs is not None:
             raw = self._raw_rows
             self.logprobs += [token_logprob(raw[i], t, self.params.logprobs, self.target.token_bytes)

@@ -55,6 +55,12 @@ class Proposer(ABC):
                 rng: np.random.Generator) -> Draft:
         """Return at most k tokens (possibly none) continuing context."""
 
+    def extend(self, context: list[int], drafted: list[int], k: int) -> Draft:
+        """At most k deterministic tokens (with estimates) continuing context + drafted,
+        where drafted is certain to follow (a grammar forced its end): a block goes on
+        after a forced run. Must not change later drafts (default: none)."""
+        return Draft()
+
     def begin(self, context: list[int], params: SamplingParams) -> None:
         """Called once before the target's prefill: a proposer on other hardware
         may start its own prefill now, in parallel (default: nothing)."""

@@ -131,6 +131,17 @@ class SuffixProposer(Proposer):
             self._info["segments"] = segments
         return d
 
+    def extend(self, context: list[int], drafted: list[int], k: int) -> Draft:
+        """The better source's continuation of context + drafted (a forced run ends it)."""
+        self._sync(context)
+        if k <= 0:
+            return Draft()
+        best, source = self._match(context, drafted, k, 1.0)
+        tokens = list(best.tokens)
+        self.counts["drafted"] += len(tokens)
+        return Draft(tokens, [None] * len(tokens), list(best.confidence), match_len=best.length,
+                     support=tuple(best.support), source=source)
+
     def round_info(self) -> dict | None:
         return self._info
 
