@@ -213,12 +213,14 @@ class GrammarMask:
                                    f"({self.matcher.get_error()})")
 
     def shape(self, draft, room: int, params, extend=None) -> list[int]:
-        """Clip draft (a proposers.base.Draft, in place) to what the grammar allows, then
-        append the tokens it forces after it, to at most `room` tokens in all; with
-        extend(drafted, n) (a proposer's continuation of up to n tokens after the
-        block so far, proposers.base.Proposer.extend) drafting goes on after each
-        forced run, clipped the same way, and forced runs after that. Returns the
-        positions of the forced tokens in the draft."""
+        """Stage 1's use of the grammar, on draft (a proposers.base.Draft, in place): clip it
+        at its first token the grammar forbids; mark its tokens that fall on a forced run
+        as forced (estimate 1.0, source "grammar": the proposer drafted what the grammar
+        forces); append the run the grammar forces after it; with extend(drafted, n) (a
+        proposer's continuation of up to n tokens after the block so far,
+        proposers.base.Proposer.extend) go on drafting after each forced run, clipped and
+        marked the same way. At most `room` tokens in all. Returns the positions of the
+        forced tokens in the draft."""
         n = self.valid_prefix(draft.tokens)
         if n < len(draft):
             drawn = draft.q[n] is not None and not params.greedy and params.seed is None
@@ -227,52 +229,40 @@ class GrammarMask:
                 return []
         estimates = draft.confidence is not None or not draft.tokens  # a controller can price the block
         forced_at: list[int] = []
-        consumed = 0
+        pos = 0  # tokens of the draft the matcher has consumed
         try:
-            while len(draft) < room and not self.matcher.is_stopped():
-                self.matcher.consume_tokens(list(draft.tokens[consumed:]))
-                consumed = len(draft)
-                forced = self.matcher.compute_ff_tokens()[:room - len(draft)]
+            while pos < len(draft) or len(draft) < room:
+                if self.matcher.is_stopped():
+                    break
+                forced = self.matcher.compute_ff_tokens()
+                if pos < len(draft):  # inside the draft: the tokens it shares with the forced run are forced
+                    run = _common_prefix(forced, draft.tokens[pos:])
+                    _mark_forced(draft, range(pos, pos + run), estimates)
+                    forced_at += range(pos, pos + run)
+                    step = max(run, 1)
+                    self.matcher.consume_tokens(list(draft.tokens[pos:pos + step]))
+                    pos += step
+                    continue
+                forced = forced[:room - len(draft)]
                 if not forced:
                     break
-                forced_at += range(len(draft), len(draft) + len(forced))
+                forced_at += range(pos, pos + len(forced))
                 _append(draft, forced, [1.0] * len(forced) if estimates else None, ("grammar", None), [0] * len(forced))
-                if extend is None or not estimates or len(draft) >= room:
-                    break
                 self.matcher.consume_tokens(forced)
-                consumed = len(draft)
-                more = extend(list(draft.tokens), room - len(draft))
-                kept = self.valid_prefix(more.tokens)
-                if not kept:
-                    break
-                _append(draft, more.tokens[:kept], more.confidence[:kept], (more.source, more.match_len),
-                        list(more.support or [0] * kept)[:kept], more.origins)
+                pos = len(draft)
+                if extend is not None and estimates and len(draft) < room:
+                    more = extend(list(draft.tokens), room - len(draft))
+                    kept = self.valid_prefix(more.tokens)
+                    if kept:
+                        _append(draft, more.tokens[:kept], more.confidence[:kept], (more.source, more.match_len),
+                                list(more.support or [0] * kept)[:kept], more.origins)
         finally:
-            if consumed:
-                self.matcher.rollback(consumed)
+            if pos:
+                self.matcher.rollback(pos)
         self._check()
+        if forced_at[:1] == [0] and estimates:  # a block that starts certain is no bet of the proposer's
+            draft.source = "grammar"
         return forced_at
-        self.matcher.consume_tokens(list(draft.tokens))
-        forced = self.matcher.compute_ff_tokens()[:room - start]
-        if draft.tokens:
-            self.matcher.rollback(start)
-        self._check()
-        if not forced:
-            return start
-        if draft.confidence is not None or not draft.tokens:
-            draft.confidence = [*(draft.confidence or []), *[1.0] * len(forced)]
-        if draft.tokens and draft.origins is None:  # each token's source, as controller.draft_groups reads it
-            draft.origins = tuple((draft.source, draft.match_len + j if draft.match_len else None)
-                                  for j in range(start))
-        if draft.origins is not None:
-            draft.origins = (*draft.origins[:start], *[("grammar", 0)] * len(forced))
-        if draft.support is not None:  # no count behind a forced token: its estimate 1.0 stands as is
-            draft.support = (*draft.support[:start], *[0] * len(forced))
-        draft.source = draft.source or "grammar"
-        draft.tokens += forced
-        draft.q += [None] * len(forced)
-        return start
-
 
 def _append(draft, tokens: list[int], confidence: list[float] | None, origin: tuple[str | None, int | None],
             support: list[int], origins: tuple | None = None) -> None:
@@ -293,3 +283,25 @@ def _append(draft, tokens: list[int], confidence: list[float] | None, origin: tu
     draft.source = draft.source or source
     draft.tokens += list(tokens)
     draft.q += [None] * len(tokens)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _mark_forced(draft, positions: range, estimates: bool) -> None:
+    """Draft tokens the grammar forces at their position: estimate 1.0 in the grammar's cells."""
+    if not positions:
+        return
+    n = len(draft)
+    if draft.origins is None:
+        draft.origins = tuple((draft.source, draft.match_len + j if draft.match_len else None) for j in range(n))
+    origins, support = list(draft.origins[:n]), list((draft.support or [0] * n)[:n])
+    for i in positions:
+        origins[i], support[i] = ("grammar", None), 0
+        if estimates and draft.confidence is not None:
+            draft.confidence[i] = 1.0
+    draft.origins, draft.support = tuple(origins), tuple(support)

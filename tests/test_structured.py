@@ -75,7 +75,8 @@ def test_a_draft_is_clipped_at_its_first_forbidden_token_and_forced_tokens_follo
     mask = GrammarMask(Grammar.json_schema(SCHEMA), llm.target)
     d = Draft(llm.target.tokenize('{"a": 1x'), [None] * 8)
     forced_at = mask.shape(d, 16, SamplingParams())
-    assert llm.target.detokenize(d.tokens[:7]) == '{"a": 1' and forced_at == list(range(7, len(d)))
+    assert llm.target.detokenize(d.tokens[:7]) == '{"a": 1'
+    assert forced_at == [*range(6), *range(7, len(d))]  # the drafted '{"a": ' was forced too, as is the tail
     forced = llm.target.detokenize(d.tokens[7:])
     assert forced == "" or forced.startswith(",") or forced[0].isdigit()
     d = Draft(llm.target.tokenize('{"a": 12'), [None] * 8)
@@ -104,10 +105,10 @@ def test_drafting_goes_on_after_a_forced_run_clipped_to_the_grammar():
 
     d = Draft([], [], [])
     forced_at = mask.shape(d, 16, SamplingParams(), extend)
-    assert target.detokenize(d.tokens) == "x-ab-10" and forced_at == [0, 1, 4]  # "z" clipped, "-" forced
-    assert asked == ["x-", "x-ab-"]
-    assert d.confidence == [1.0, 1.0, 0.8, 0.8, 1.0, 0.8, 0.8]
-    assert [src for src, _ in d.origins] == ["grammar", "grammar", "own", "own", "grammar", "own", "own"]
+    assert target.detokenize(d.tokens) == "x-ab-10" and asked == ["x-", "x-ab-"]  # "z" clipped, "-" forced
+    assert forced_at == [0, 1, 3, 4]  # after the drafted "a" the grammar forces "b": marked as forced
+    assert d.confidence == [1.0, 1.0, 0.8, 1.0, 1.0, 0.8, 0.8]
+    assert [src for src, _ in d.origins] == ["grammar", "grammar", "own", "grammar", "grammar", "own", "own"]
     assert len(d.support) == len(d.q) == len(d)
     assert mask.valid_prefix(target.tokenize("x-ba-")) == 5  # the matcher's state is back where it was
 
@@ -124,9 +125,12 @@ def test_the_controller_verifies_a_forced_tail_only_where_the_drafts_before_it_p
     curve = {1: 10.0, 2: 17.0, 4: 25.0, 8: 45.0, 16: 75.0}  # a 2-row verify costs 1.7 steps
     for estimate, whole in ((0.97, True), (0.2, False)):
         ctrl = GoodputController(CostModel(verify_ms=dict(curve), weight=0.0), k_max=16, per_position=True)
-        d = Draft(target.tokenize("a"), [None], [estimate], match_len=4, support=(50,), source="own")
+        # the proposer drafted "ab-" doubting its "b-"; the grammar forces "b-xyz-" after an "a"
+        d = Draft(target.tokenize("ab-"), [None] * 3, [estimate, 0.1, 0.1], match_len=4, support=(50,) * 3,
+                  source="own")
         forced_at = mask.shape(d, 16, SamplingParams())
-        assert forced_at == [1, 2, 3, 4, 5, 6] and target.detokenize(d.tokens) == "ab-xyz-"  # "b-xyz-" forced
+        assert forced_at == [1, 2, 3, 4, 5, 6] and target.detokenize(d.tokens) == "ab-xyz-"
+        assert d.confidence[1:] == [1.0] * 6
         assert len(d.origins) == len(d.support) == len(d.confidence) == len(d)
         kept = ctrl.keep(d, 0)
         assert kept == (len(d) if whole else 0), (estimate, kept, ctrl.prefix_note)
