@@ -23,6 +23,7 @@ import numpy as np
 from .backends.base import Backend
 from .backends.kernels import check_request as check_kernels
 from .backends.load import check_tokenizers, load_backend  # noqa: F401  (public here too)
+from .backends.probe import WORKS
 from .errors import BusyError, InvalidRequestError
 from .metrics import GenerationResult
 from .prefix_cache import PrefixCache
@@ -52,10 +53,11 @@ class LLM:
         heads: MedusaHeads for method medusa (None: loaded from the heads file on first use);
         kernels: llama.cpp kernels for every model (None: $SPECLM_KERNELS, else auto: each
         configuration proven on this machine first, the fastest for `kernels_for`,
-        "speculation" or "decoding", taken; docs/kernels.md)."""
+        "speculation", "decoding" or "serving" max_sequences concurrent requests, taken;
+        docs/kernels.md)."""
         from .models.registry import DEFAULT_TARGET, default_draft
-        if kernels_for not in ("speculation", "decoding"):
-            raise InvalidRequestError(f"kernels_for must be 'speculation' or 'decoding', got {kernels_for!r}")
+        if kernels_for not in WORKS:
+            raise InvalidRequestError(f"kernels_for must be one of {', '.join(WORKS)}, got {kernels_for!r}")
         self._n_ctx, self._n_threads, self._max_seqs = n_ctx, n_threads, max_sequences
         self._kernels = check_kernels(kernels)
         self.target = load_backend(target or DEFAULT_TARGET, n_ctx, n_threads, max_sequences, self._kernels,

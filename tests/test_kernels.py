@@ -227,3 +227,32 @@ def test_doctor_reports_verdicts_costs_and_the_choice(verdicts):
     text = subprocess.run([sys.executable, "-m", "speclm", "doctor", "--target", SMOL, "--no-quality"],
                           capture_output=True, text=True, timeout=600).stdout
     assert f"speclm uses: {model['uses']}" in text and "v(16)" in text
+
+
+# curves shaped like the Zen 3's of issue 41 (tiled: v(1) 67 ms, 8 and 16 rows 452 and 568 ms;
+# repack: 70, 331, 531 ms), with the small blocks made to favour tiled and 16 rows to favour repack
+TILED = {1: 67.0, 2: 90.0, 4: 260.0, 8: 452.0, 16: 600.0}
+REPACK = {1: 70.0, 2: 120.0, 4: 200.0, 8: 331.0, 16: 400.0}
+
+
+def test_a_server_is_given_the_kernels_of_its_full_load_and_one_stream_those_of_speculation(smol_path):
+    build = K.BuildInfo("test", amx=False, repack=True)
+    wanted = {"repack+tiled": probe.Verdict("repack+tiled", "ok", v_ms=TILED),
+              "repack": probe.Verdict("repack", "ok", v_ms=REPACK)}
+    one = probe._pick(smol_path, "auto", "speculation", build, wanted, wanted, False)
+    served = probe._pick(smol_path, "auto", "serving", build, wanted, wanted, False, streams=16)
+    assert one.name == "repack+tiled" and one.reason.startswith("auto: fastest for speculation")
+    assert served.name == "repack" and served.reason.startswith("auto: fastest for serving 16 streams")
+    # 16 one-token blocks: one forward each (400 against 600 ms; no split the engine would run is cheaper)
+    assert probe.goodput(REPACK, "serving", 16) == pytest.approx(16_000 / 400)
+    assert probe.goodput(TILED, "serving", 16) == pytest.approx(16_000 / 600)
+    assert probe.goodput(TILED, "serving", 1) == probe.goodput(TILED, "speculation")  # one stream speculates
+
+
+@pytest.mark.parametrize("concurrency,work", [("16", "serving"), ("1", "speculation")])
+def test_speclm_serve_chooses_kernels_for_the_requests_it_serves_together(concurrency, work):
+    from speclm.commands import build_parser
+    from speclm.commands.serve import server_settings
+    args = build_parser().parse_args(["serve", "--max-concurrency", concurrency])
+    _, config, arguments = server_settings(args)
+    assert arguments["kernels_for"] == work and arguments["max_sequences"] == config.max_concurrency

@@ -39,15 +39,15 @@ def load_backend(model: str | Backend, n_ctx: int = 4096, n_threads: int | None 
     kernels: auto (default; $SPECLM_KERNELS overrides), a family (amx, repack,
     plain) or a configuration (repack+tiled); checked on this machine in child
     processes before the load, and the best usable one for `work`
-    ("speculation" or "decoding") taken (probe.py). The backend's
-    `kernel_choice` says which and why."""
+    ("speculation", "decoding", or "serving" max_sequences concurrent requests)
+    taken (probe.py). The backend's `kernel_choice` says which and why."""
     if isinstance(model, Backend):
         return model
     from ..models.catalog import resolve_model
     from .llamacpp import LlamaCppBackend
     from .probe import choose_kernels
     path = resolve_model(model)
-    choice = choose_kernels(path, kernels, n_threads, work)
+    choice = choose_kernels(path, kernels, n_threads, work, streams=max_sequences)
     backend = LlamaCppBackend(path, n_ctx=n_ctx, n_threads=n_threads, n_seq_max=max_sequences, kernels=choice.config)
     backend.kernel_choice = choice
     return backend

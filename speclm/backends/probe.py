@@ -266,17 +266,33 @@ class Prober:
 
 
 # ---- choosing ---------------------------------------------------------------------------
-def goodput(v_ms: dict[int, float], work: str) -> float:
-    """Tokens per second the curve gives: 1000 / v(1) for decoding; for speculation,
-    the geometric mean over GOODPUT_ALPHAS of the best E(α, K) / v(K + 1)."""
+WORKS = ("speculation", "decoding", "serving")  # what a process loads a model for (goodput scores each)
+
+
+def goodput(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
+    """Tokens per second the curve gives the work: 1000 / v(1) for decoding; for
+    speculation, the geometric mean over GOODPUT_ALPHAS of the best E(α, K) / v(K + 1);
+    for serving `streams` concurrent requests (streams > 1), the tokens per second they
+    get together when each decodes one token a step, the step priced as the engine
+    prices it (CostModel.groups: one forward, or the split it would run). A server is
+    chosen for its full load: at 16 streams a step is compute-bound and K falls to 0."""
     from ..costs import CostModel, expected_emitted
     if not v_ms:
         return 0.0
     if work == "decoding":
         return 1000.0 / v_ms[min(v_ms)]
     cost = CostModel(verify_ms=dict(v_ms))
+    if work == "serving" and streams > 1:
+        blocks = {seq: 1 for seq in range(streams)}
+        return 1000.0 * streams / sum(cost.step({s: 1 for s in group}) for group in cost.groups(blocks))
     best = [max(expected_emitted(a, k) / cost.verify(k + 1) for k in range(max(v_ms))) for a in GOODPUT_ALPHAS]
     return 1000.0 * float(np.exp(np.mean(np.log(best))))
+
+
+def describe_work(work: str, streams: int = 1) -> str:
+    """The work a choice was made for, as its reason says it."""
+    return f"serving {streams} streams" if work == "serving" and streams > 1 else \
+        "speculation" if work == "serving" else work
 
 
 def _small_model_path(path: Path) -> Path | None:
@@ -293,11 +309,12 @@ def _say(text: str) -> None:
 
 
 def choose_kernels(path: Path, request: str | None = None, threads: int | None = None,
-                   work: str = "speculation", say=_say, apply: bool = True) -> KernelChoice:
+                   work: str = "speculation", say=_say, apply: bool = True, streams: int = 1) -> KernelChoice:
     """The configuration to load `path` with: probed (once per machine, build and
-    file), usable, fitting this process, and the best for `work` ("speculation" or
-    "decoding") among those the request allows. Sets the process-wide switches
-    (apply False: neither sets them nor is bound by them, as for a report)."""
+    file), usable, fitting this process, and the best for `work` (WORKS; serving up
+    to `streams` concurrent requests) among those the request allows. Sets the
+    process-wide switches (apply False: neither sets them nor is bound by them, as
+    for a report)."""
     request = K.check_request(request)
     build = K.build_info()
     family = request.partition("+")[0]
@@ -311,7 +328,7 @@ def choose_kernels(path: Path, request: str | None = None, threads: int | None =
     if missing:
         verdicts.update(_probe_missing(path, missing, threads, say))
     known = {c.name: verdicts[c.name] for c in build.configs() if c.name in verdicts}  # in build order
-    return _pick(path, request, work, build, {c.name: verdicts[c.name] for c in wanted}, known, apply)
+    return _pick(path, request, work, build, {c.name: verdicts[c.name] for c in wanted}, known, apply, streams)
 
 
 def _probe_missing(path: Path, missing: list[K.KernelConfig], threads: int, say) -> dict[str, Verdict]:
@@ -353,7 +370,7 @@ def _screen(path: Path, configs: list[K.KernelConfig], threads: int, scratch: Pa
 
 
 def _pick(path: Path, request: str, work: str, build: K.BuildInfo, wanted: dict[str, Verdict],
-          everything: dict[str, Verdict], apply: bool) -> KernelChoice:
+          everything: dict[str, Verdict], apply: bool, streams: int = 1) -> KernelChoice:
     usable = {n: v for n, v in wanted.items() if v.usable}
     if not usable:
         broken = "; ".join(f"{n} {v.describe()}" for n, v in wanted.items())
@@ -366,7 +383,7 @@ def _pick(path: Path, request: str, work: str, build: K.BuildInfo, wanted: dict[
         n = next(iter(usable))
         raise InvalidRequestError(f"kernels {request} for {path.name}: {K.PROCESS.fits(K.parse_config(n), build)}; "
                                   f"load it in a new process, or with --kernels auto")
-    scores = {n: goodput(v.v_ms, work) for n, v in fitting.items()}
+    scores = {n: goodput(v.v_ms, work, streams) for n, v in fitting.items()}
     best = next(iter(fitting))  # build order: llama.cpp's default first
     for n in fitting:
         if scores[n] > scores[best] * (1 + TIE):
@@ -374,7 +391,8 @@ def _pick(path: Path, request: str, work: str, build: K.BuildInfo, wanted: dict[
     config = K.parse_config(best)
     if apply:
         K.apply(config, path.name, build)
-    return KernelChoice(config, request, _reason(request, work, best, scores, everything, build), everything)
+    return KernelChoice(config, request, _reason(request, describe_work(work, streams), best, scores, everything,
+                                                 build), everything)
 
 
 def _reason(request: str, work: str, best: str, scores: dict[str, float], everything: dict[str, Verdict],

@@ -77,9 +77,12 @@ def server_settings(args: argparse.Namespace) -> tuple[SpecConfig, ServerConfig,
                                   "that reads them")
     config = build(args, ServerConfig, default_spec=spec).with_env_keys()
     config = dataclasses.replace(config, model_id=_model_id(build(args, LoadConfig), config))
-    return spec, config, llm_arguments(args, spec, max_sequences=config.max_concurrency,
-                                       prefix_cache_tokens=config.prefix_cache_tokens,
-                                       suffix_cache_tokens=config.suffix_cache_tokens)
+    arguments = llm_arguments(args, spec, max_sequences=config.max_concurrency,
+                              prefix_cache_tokens=config.prefix_cache_tokens,
+                              suffix_cache_tokens=config.suffix_cache_tokens)
+    if config.max_concurrency > 1:  # kernels for the requests it serves together, not for one stream
+        arguments["kernels_for"] = "serving"
+    return spec, config, arguments
 
 
 def build_app(args: argparse.Namespace) -> tuple[LLM, FastAPI]:
