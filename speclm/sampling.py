@@ -37,10 +37,6 @@ MAX_LOGPROBS = 20  # OpenAI's bound on top_logprobs / logprobs
 REPEAT_WINDOW = 64  # repetition_penalty looks at the last this many context tokens (llama.cpp's repeat_last_n)
 BIAS_LIMIT = 100.0  # logit_bias values lie in [-100, 100]; -100 bans a token and 100 forces it (OpenAI's)
 
-# A nucleus almost always lives among the few hundred most likely tokens; look
-# there first (argpartition, O(V)) and fall back to a full sort only if not.
-_NUCLEUS_PROBE = 512
-
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -275,27 +271,34 @@ def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 def _keep_top_k(p: np.ndarray, k: int) -> None:
-    """Zero all but the k most likely tokens (ties at the boundary: lower ids win)."""
-    order = np.lexsort((np.arange(p.size), -p))  # by prob desc, then id asc
-    p[order[k:]] = 0.0
+    """Zero all but the k most likely tokens (ties at the boundary: lower ids win).
+    O(vocabulary): the k-th largest value by partition, not a sort of the vocabulary
+    (a lexsort of Qwen's 151,936 entries cost 18 ms a row, more than a decode step)."""
+    kth = np.partition(p, p.size - k)[p.size - k]
+    above = p > kth
+    ties = np.flatnonzero(p == kth)[:k - int(np.count_nonzero(above))]
+    above[ties] = True
+    p[~above] = 0.0
 
 
 def _keep_top_p(p: np.ndarray, top_p: float) -> None:
-    """Keep the smallest most-likely set whose mass reaches top_p (in place)."""
+    """Keep the smallest most-likely set whose mass reaches top_p (in place; ties in
+    probability: lower ids first). Sorted among the tokens above a threshold whose
+    mass already reaches top_p (the set lies among them, since it takes the most
+    likely first), falling back to lower thresholds and then the whole vocabulary."""
     total = p.sum()
-    n = min(_NUCLEUS_PROBE, p.size)
-    cand = np.argpartition(-p, n - 1)[:n] if n < p.size else np.arange(p.size)
-    order = cand[np.lexsort((cand, -p[cand]))]
     need = top_p * total * (1 - 1e-12)  # tolerate float rounding in the running sum
+    top = p.max()
+    for floor in (top * 1e-3, top * 1e-6, 0.0):
+        cand = np.flatnonzero(p >= floor) if floor > 0 else np.arange(p.size)
+        if floor == 0.0 or p[cand].sum() >= need:
+            break
+    order = cand[np.lexsort((cand, -p[cand]))]
     cum = np.cumsum(p[order])
-    if cum[-1] < need and n < p.size:
-        order = np.lexsort((np.arange(p.size), -p))
-        cum = np.cumsum(p[order])
     cut = int(np.searchsorted(cum, need, side="left")) + 1
-    keep = order[:cut]
-    mask = np.zeros(p.size, dtype=bool)
-    mask[keep] = True
-    p[~mask] = 0.0
+    keep = np.zeros(p.size, dtype=bool)
+    keep[order[:cut]] = True
+    p[~keep] = 0.0
 
 
 def token_logprob(row: np.ndarray, token: int, top: int, piece: Callable[[int], bytes]) -> TokenLogprob:

@@ -72,3 +72,27 @@ def test_ngram_lookup_copies_the_latest_longest_match():
     assert find_continuation(ctx, 3, 1, 3) == [7, 8, 1]  # latest occurrence of [1,2,3]
     assert find_continuation([5, 6, 7], 3, 1, 3) == []
     assert find_continuation([4, 1, 2, 4], 2, 1, 3) == [1, 2]  # falls back to n = 1
+
+
+def _reference_order(p: np.ndarray) -> np.ndarray:
+    return np.lexsort((np.arange(p.size), -p))  # most likely first, lower ids first among ties
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_and_top_p_keep_the_most_likely_lower_ids_first_among_ties(seed):
+    """The filters against a full sort of the vocabulary, on rows with hundreds of tied
+    logits at the boundary (rounded logits) and on peaked ones."""
+    from speclm.sampling import _keep_top_k, _keep_top_p, softmax
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.standard_normal(20_000) * 2) if seed % 2 else rng.standard_normal(20_000) * 3
+    p = softmax(x)
+    order = _reference_order(p)
+    for k in (1, 7, 40, 600):
+        got = p.copy()
+        _keep_top_k(got, k)
+        assert set(np.flatnonzero(got)) == set(order[:k].tolist())
+    for top_p in (0.2, 0.9, 0.95):
+        got = p.copy()
+        _keep_top_p(got, top_p)
+        cut = int(np.searchsorted(np.cumsum(p[order]), top_p * (1 - 1e-12), side="left")) + 1
+        assert set(np.flatnonzero(got)) == set(order[:cut].tolist())
