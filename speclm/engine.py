@@ -151,7 +151,7 @@ class Engine:
         self.llm = llm
         self.batched, self.prefill_chunk = batched, prefill_chunk
         # the target's v(rows), calibrated once per LLM (no request learns it): a step whose
-        # one forward is priced dearer than a few smaller ones runs as those (batch.forwards)
+        # one forward is priced dearer than a few smaller ones runs as those (steps.forwards)
         self.forward_costs = llm.cost_model(None, 16) if batched and split_forwards and max_concurrency > 1 \
             else None
         self.max_concurrency = max_concurrency

@@ -155,12 +155,6 @@ def draft_for(args: argparse.Namespace, spec: SpecConfig) -> str | None:
     return default_draft(args.target) if get_method(spec.method).needs_draft(spec, has_draft=True) else None
 
 
-def add_kernels_option(p: argparse.ArgumentParser) -> None:
-    """--kernels alone (LoadConfig's declaration), for commands that load models their own way."""
-    from ..backends.load import LoadConfig
-    add_option(p, next(o for o in options_of(LoadConfig) if o.name == "kernels"))
-
-
 def add_json_option(p: argparse.ArgumentParser) -> None:
     """--json: the command prints one JSON object instead of its text."""
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

@@ -28,7 +28,7 @@ from ..errors import InvalidRequestError
 from ..metrics import GenerationResult, RoundRecord, TokenLogprob, summarize
 from ..sampling import Processors, SamplingParams, keyed_sample, sample, target_probs, token_logprob
 from ..stops import StopChecker
-from .controller import Controller, FixedK
+from .controller import Controller
 from .proposers.base import Draft, Proposer
 from .proposers.prediction import prediction_counts
 
@@ -166,7 +166,7 @@ class Generation:
         self.threads = threads  # target compute threads for this request (None: the backend's)
         self.target, self.proposer, self.params, self.k = target, proposer, params, k
         self.method, self.on_text = method, on_text
-        self.controller: Controller = controller if controller is not None else FixedK()
+        self.controller: Controller = controller if controller is not None else Controller()
         self.prompt_ids = list(prompt_ids)
         self.context = list(prompt_ids)
         self.rng = np.random.default_rng(params.seed)

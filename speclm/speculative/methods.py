@@ -45,8 +45,6 @@ class Resources(Protocol):
     def calibration(self, proposal: str | None, scope: str | None = None) -> Calibration: ...
     def proposal_of(self, spec: SpecConfig) -> str | None: ...
 
-
-LLM = Resources
 Factory = Callable[[Resources, SpecConfig], Any]
 
 
@@ -62,7 +60,7 @@ class Proposal:
     from a client's prediction of the output too (its proposer has `predict(tokens)`)."""
 
     name: str
-    make: Callable[[LLM, SpecConfig], Proposer]
+    make: Callable[[Resources, SpecConfig], Proposer]
     needs_draft: bool = False
     estimates: bool = False
     outlives_request: Callable[[SpecConfig], bool] = lambda spec: False
@@ -71,13 +69,13 @@ class Proposal:
     description: str = ""
 
 
-def _ssd_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
+def _ssd_proposer(llm: Resources, spec: SpecConfig) -> Proposer:
     from .ssd.client import SSDProposer
     return SSDProposer(llm.speculator().open, spec.ssd, k=spec.k, p_min=spec.p_min,
                        fallback=lambda: DraftModelProposer(llm.draft, p_min=spec.p_min), name=f"ssd:{llm.draft.name}")
 
 
-def _medusa_proposer(llm: LLM, spec: SpecConfig) -> Proposer:
+def _medusa_proposer(llm: Resources, spec: SpecConfig) -> Proposer:
     heads, learner = llm.medusa_heads(spec)
     if spec.k > heads.n_heads:
         raise InvalidRequestError(f"method medusa drafts at most {heads.n_heads} tokens a round (its heads file "
@@ -102,11 +100,11 @@ PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
 NO_MODEL_PROPOSAL = "ngram"  # what an adaptive method drafts with when the LLM has no draft model
 
 
-def _request_threads(llm: LLM, spec: SpecConfig) -> int | None:
+def _request_threads(llm: Resources, spec: SpecConfig) -> int | None:
     return spec.target_threads
 
 
-def _ssd_threads(llm: LLM, spec: SpecConfig) -> int | None:
+def _ssd_threads(llm: Resources, spec: SpecConfig) -> int | None:
     """A local speculator gets its own threads; the target keeps the rest (at least 1)."""
     if spec.target_threads is not None:
         return spec.target_threads
@@ -117,14 +115,14 @@ def _ssd_threads(llm: LLM, spec: SpecConfig) -> int | None:
     return max(1, base - (cfg.threads or 1))
 
 
-def _goodput(llm: LLM, spec: SpecConfig) -> GoodputController:
+def _goodput(llm: Resources, spec: SpecConfig) -> GoodputController:
     """Costs and calibration as the request's cache scope learnt them (a tenant's own)."""
     proposal, scope = llm.proposal_of(spec), spec.cache_scope
     return GoodputController(llm.cost_model(proposal, spec.k, scope), k_max=spec.k,
                              calibration=llm.calibration(proposal, scope), per_position=PROPOSALS[proposal].estimates)
 
 
-def _heuristic(llm: LLM, spec: SpecConfig) -> HeuristicController:
+def _heuristic(llm: Resources, spec: SpecConfig) -> HeuristicController:
     return HeuristicController(k_init=min(spec.k, 4), k_max=spec.k)
 
 
