@@ -29,7 +29,7 @@ from .metrics import GenerationResult
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams
 from .speculative.config import MAX_K, SpecConfig  # noqa: F401  (public here)
-from .costs import CostModel, calibrate
+from .costs import TIMED_K, CostModel, calibrate
 from .speculative.controller import Calibration
 from .speculative.loop import Generation
 from .speculative.steps import run_alone
@@ -237,7 +237,7 @@ class LLM:
     def cost_model(self, proposal: str | None, k: int, scope: str | None = None) -> CostModel:
         """Costs for this proposal as the requests of `scope` (SpecConfig.cache_scope) learn
         them from their rounds, starting from the ones measured on this machine
-        (`measure_costs`: on first use, blocks up to min(k, 16) + 1). proposal None: the
+        (`measure_costs`: on first use, blocks up to min(k, TIMED_K) + 1). proposal None: the
         target's forwards alone (the batching engine's curve)."""
         base = self.measure_costs(proposal, k)
         with self._costs_lock:
@@ -246,7 +246,7 @@ class LLM:
             return self._costs[(proposal, scope)]
 
     def measure_costs(self, proposal: str | None, k: int = MAX_K) -> CostModel:
-        """Time the target's blocks of up to min(k, 16) + 1 tokens (and the draft's step when
+        """Time the target's blocks of up to min(k, TIMED_K) + 1 tokens (and the draft's step when
         `proposal` drafts with the draft model), once per LLM and proposal; later calls return
         that measurement (never updated: each scope learns on its own copy, `cost_model`).
         Timing takes a free KV sequence under backend_lock, so it never runs alongside
@@ -262,7 +262,7 @@ class LLM:
                             raise BusyError(f"all {backend.max_sequences} KV sequences of {backend.name} are in "
                                             f"use, and measuring the costs of {proposal or 'decoding'} needs one: "
                                             "retry when a request has finished")
-                    self._measured[proposal] = calibrate(self.target, draft, max_block=min(k, 16) + 1)
+                    self._measured[proposal] = calibrate(self.target, draft, max_block=min(k, TIMED_K) + 1)
             return self._measured[proposal]
 
     def start(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,

@@ -193,7 +193,10 @@ class CostModel:
         return price
 
 
-def calibrate(target: Backend, draft: Backend | None, max_block: int = 17, repeats: int = 2,
+TIMED_K = 16  # the largest K whose block (K + 1 rows) calibrate() times: longer blocks are priced by extrapolation
+
+
+def calibrate(target: Backend, draft: Backend | None, max_block: int = TIMED_K + 1, repeats: int = 2,
               blocks: Sequence[int] | None = None, context: int = 64,
               statistic: Callable[[list[float]], float] = min) -> CostModel:
     """A CostModel seeded by timing the target's blocks of 1..max_block tokens (or the

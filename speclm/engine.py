@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator
 
 from .api import LLM, SpecConfig
+from .costs import TIMED_K
 from .speculative.steps import PREFILL_CHUNK, plan_step, run_step, step_alone
 from .errors import BusyError, InvalidRequestError, SpeclmError
 from .metrics import GenerationResult
@@ -152,7 +153,7 @@ class Engine:
         self.batched, self.prefill_chunk = batched, prefill_chunk
         # the target's v(rows), calibrated once per LLM (no request learns it): a step whose
         # one forward is priced dearer than a few smaller ones runs as those (steps.forwards)
-        self.forward_costs = llm.cost_model(None, 16) if batched and split_forwards and max_concurrency > 1 \
+        self.forward_costs = llm.cost_model(None, TIMED_K) if batched and split_forwards and max_concurrency > 1 \
             else None
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue

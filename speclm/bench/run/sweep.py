@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ...api import LLM
 from ...backends.base import Backend
 from ...backends.load import load_backend
-from ...costs import time_blocks, time_curve
+from ...costs import TIMED_K, time_blocks, time_curve
 from ...speculative.replay import replay
 from ...errors import InvalidRequestError
 from ...models.catalog import resolve_model
@@ -137,7 +137,7 @@ def suffix_configs(cfg: BenchConfig) -> tuple[list[str], int]:
         return [], 0
     found = [(m.name, k) for m, k in cfg.configs()
              if TABLE[m.method].proposal_for(m.spec(k), has_draft=True) == "suffix"]
-    return list(dict.fromkeys(n for n, _ in found)), min(16, max((k for _, k in found), default=0))
+    return list(dict.fromkeys(n for n, _ in found)), min(TIMED_K, max((k for _, k in found), default=0))
 
 
 def merge_runs(runs: Sequence[BenchRun], load_before: tuple, started: float) -> BenchRun:
