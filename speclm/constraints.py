@@ -264,6 +264,15 @@ class GrammarMask:
             draft.source = "grammar"
         return forced_at
 
+
+def _own_origins(draft) -> tuple:
+    """The draft's origins, or the ones its source and match length imply for every token
+    (as controller.draft_groups reads a draft without them)."""
+    if draft.origins is not None:
+        return draft.origins[:len(draft)]
+    return tuple((draft.source, draft.match_len + j if draft.match_len else None) for j in range(len(draft)))
+
+
 def _append(draft, tokens: list[int], confidence: list[float] | None, origin: tuple[str | None, int | None],
             support: list[int], origins: tuple | None = None) -> None:
     """Append deterministic draft tokens, keeping the draft's parallel fields aligned:
@@ -271,12 +280,10 @@ def _append(draft, tokens: list[int], confidence: list[float] | None, origin: tu
     and the match its estimate rests on, as controller.draft_groups reads them; `origin`
     names a run's source and the match length of its first token)."""
     n = len(draft)
-    if draft.tokens and draft.origins is None:
-        draft.origins = tuple((draft.source, draft.match_len + j if draft.match_len else None) for j in range(n))
     source, length = origin
     new = origins[:len(tokens)] if origins else tuple((source, length + j if length else None)
                                                        for j in range(len(tokens)))
-    draft.origins = (*(draft.origins or ())[:n], *new)
+    draft.origins = (*_own_origins(draft), *new)
     draft.support = (*(draft.support or [0] * n)[:n], *support)
     if confidence is not None:
         draft.confidence = [*(draft.confidence or []), *confidence]
@@ -297,9 +304,7 @@ def _mark_forced(draft, positions: range, estimates: bool) -> None:
     if not positions:
         return
     n = len(draft)
-    if draft.origins is None:
-        draft.origins = tuple((draft.source, draft.match_len + j if draft.match_len else None) for j in range(n))
-    origins, support = list(draft.origins[:n]), list((draft.support or [0] * n)[:n])
+    origins, support = list(_own_origins(draft)), list((draft.support or [0] * n)[:n])
     for i in positions:
         origins[i], support[i] = ("grammar", None), 0
         if estimates and draft.confidence is not None:

@@ -80,7 +80,6 @@ class Controller:
         """The request's context so far (drafts given with tokens are calibrated against it)."""
 
 
-
 OPTIMISTIC_ALPHA = 0.98
 LOSING_MARGIN = 1.2  # a source whose drafts lost lately must promise this much of K = 0's rate
 LEDGER_DECAY = 0.8  # per verified round of a source: its net gain remembers ~5 rounds

@@ -45,6 +45,7 @@ class Resources(Protocol):
     def calibration(self, proposal: str | None, scope: str | None = None) -> Calibration: ...
     def proposal_of(self, spec: SpecConfig) -> str | None: ...
 
+
 Factory = Callable[[Resources, SpecConfig], Any]
 
 
