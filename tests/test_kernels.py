@@ -229,8 +229,8 @@ def test_doctor_reports_verdicts_costs_and_the_choice(verdicts):
     assert f"speclm uses: {model['uses']}" in text and "v(16)" in text
 
 
-# curves shaped like the Zen 3's of issue 41 (tiled: v(1) 67 ms, 8 and 16 rows 452 and 568 ms;
-# repack: 70, 331, 531 ms), with the small blocks made to favour tiled and 16 rows to favour repack
+# constructed curves after the Zen 3's of issue 41 (tiled: v(1) 67 ms, 8 and 16 rows 452 and 568 ms;
+# repack: 70, 331, 531 ms), made so that small blocks favour tiled and 16 rows clearly favour repack
 TILED = {1: 67.0, 2: 90.0, 4: 260.0, 8: 452.0, 16: 600.0}
 REPACK = {1: 70.0, 2: 120.0, 4: 200.0, 8: 331.0, 16: 400.0}
 
