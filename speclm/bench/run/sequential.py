@@ -146,9 +146,8 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
         rec["rerun_reason"] = reason
         return rec, result
 
-    n_planned = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(arms)
-    queue = RerunQueue(policy, policy.total_cap(n_planned), cfg.observed, rerun, finalize,
-                       superseded=sink.superseded if sink else None)
+    cap = policy.total_cap(cfg.planned_requests(len(prompts), len(arms)))
+    queue = RerunQueue(policy, cap, cfg.observed, rerun, finalize, superseded=sink.superseded if sink else None)
     passes, rows = phases.plan(prompts, cfg, forgets=True)  # each phase and arm in a cache scope of its own
     pass_of = {(p.repeat, p.temperature, p.max_new_tokens): p for p in passes}
     n = first_id

@@ -181,9 +181,8 @@ def run_sweep(plan: SweepPlan, prompts: list[Prompt], cfg: BenchConfig, out_dir:
                                   f"raise --n-ctx to {quality.N_CTX} or more")
     texts = quality.load_texts(QUALITY_TEXTS if variant_quality else 0)
     max_seqs = max([2, *(min(n, len(prompts)) for n in cfg.concurrency)])  # a row's N: trust/phases.py
-    n_arms = sum(len(plan.drafts) if m.needs_draft else 1 for m, _ in cfg.configs())
-    n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * n_arms
-    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * cfg.concurrency_repeats * n_arms
+    n_arms = cfg.arm_count(len(plan.drafts))
+    n_req, n_conc = cfg.planned_requests(len(prompts), n_arms), cfg.planned_rows(n_arms)
     out_dir.mkdir(parents=True, exist_ok=True)
     started, load_before = time.time(), os.getloadavg()
     sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req * len(plan.targets), n_conc * len(plan.targets))
@@ -252,9 +251,9 @@ def run_to_dir(llm: LLM, prompts: list[Prompt], cfg: BenchConfig, out_dir: Path,
     """Run the sweep on `llm` and write every output file into out_dir.
     Returns {"summary", "manifest", "report" (report.md's path), "sections"}."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    n_req = len(prompts) * cfg.repeats * len(cfg.temperatures) * len(cfg.max_new_tokens) * len(cfg.configs())
-    n_conc = len(cfg.temperatures) * len(cfg.concurrency) * cfg.concurrency_repeats * len(cfg.configs())
-    sink, bars = TraceSink(out_dir), ProgressBars(progress, n_req, n_conc)
+    n_arms = len(cfg.configs())
+    sink = TraceSink(out_dir)
+    bars = ProgressBars(progress, cfg.planned_requests(len(prompts), n_arms), cfg.planned_rows(n_arms))
     try:
         run = run_bench(llm, prompts, cfg, sink, on_request=bars.on_request, on_concurrency=bars.on_concurrency)
     finally:

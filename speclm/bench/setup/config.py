@@ -75,6 +75,18 @@ class BenchConfig:
     def uses_draft(self) -> bool:
         return any(m.needs_draft for m in parse_methods(self.methods, self.base))
 
+    def arm_count(self, drafts: int) -> int:
+        """Arms per target (make_arms): a config of a method that needs a draft runs once per draft."""
+        return sum(max(1, drafts) if m.needs_draft else 1 for m, _ in self.configs())
+
+    def planned_requests(self, prompts: int, arms: int) -> int:
+        """Timed requests of one sweep over `prompts` prompts on `arms` arms (re-runs not counted)."""
+        return prompts * self.repeats * len(self.temperatures) * len(self.max_new_tokens) * arms
+
+    def planned_rows(self, arms: int) -> int:
+        """Concurrency rows of one sweep on `arms` arms."""
+        return len(self.temperatures) * len(self.concurrency) * self.concurrency_repeats * arms
+
     def to_dict(self) -> dict:
         return {"methods": self.methods, "ks": self.ks, "temperatures": self.temperatures,
                 "max_new_tokens": self.max_new_tokens, "repeats": self.repeats, "seed": self.seed,
