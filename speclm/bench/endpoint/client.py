@@ -1,5 +1,6 @@
 """One OpenAI-compatible server, through the real `openai` client: check it (`connect`)
-and stream one request from it (`stream_one`), every failure one line naming the fix.
+and stream one request from it (`stream_one`, sent and timed by speclm/loadgen.py), every
+failure one line naming the fix.
 
 Which API: a prompt the local bench runs through the chat template (every
 category but humaneval) goes to /v1/chat/completions as one user message, so
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 from ...errors import SpeclmError
+from ...loadgen import NotOpenAICompatible, Request, openai_client, timed_request
 from ..setup.workloads import Prompt
 
 
@@ -82,6 +83,8 @@ def explain(exc: BaseException, ep_label: str, url: str, what: str, timeout: flo
     import httpx
     if isinstance(exc, EndpointError):
         return exc
+    if isinstance(exc, NotOpenAICompatible):
+        return EndpointError(f"{who} is not an OpenAI-compatible server: {what} {exc}: check the URL")
     if isinstance(exc, (openai.APITimeoutError, httpx.TimeoutException, TimeoutError)):
         return EndpointError(f"{who} did not answer {what} within {timeout:g} s: raise --endpoint-timeout "
                              "or check that the server is not stuck")
@@ -106,9 +109,9 @@ def explain(exc: BaseException, ep_label: str, url: str, what: str, timeout: flo
 
 def connect(label: str, url: str, api_keys: list[str], model: str | None, timeout: float) -> Endpoint:
     """Check the server (GET /v1/models: reachable, every key accepted, JSON model list) and pick the model."""
-    openai, root = _openai(), base_url(url)
-    clients = [openai.OpenAI(base_url=root + "/v1", api_key=key, max_retries=0, timeout=timeout)
-               for key in api_keys or ["none"]]
+    _openai()  # the missing package named before any client is made
+    root = base_url(url)
+    clients = [openai_client(root, key, timeout) for key in api_keys or [None]]
     try:
         for client in clients:
             raw = client.models.with_raw_response.list()
@@ -132,64 +135,27 @@ def connect(label: str, url: str, api_keys: list[str], model: str | None, timeou
     return Endpoint(label, root, model or ids[0], list(api_keys), timeout, clients)
 
 
-def _delta_text(chunk: Any, chat: bool) -> tuple[str, str | None]:
-    if not chunk.choices:
-        return "", None
-    c = chunk.choices[0]
-    text = (c.delta.content if c.delta is not None else None) if chat else c.text
-    return text or "", c.finish_reason
-
-
 def stream_one(ep: Endpoint, prompt: Prompt, temperature: float, max_tokens: int, seed: int,
                ignore_eos: bool = False) -> dict:
     """One streamed request; its record (times in ms). Raises EndpointError on any failure."""
     if not isinstance(prompt.prompt, str):
         raise EndpointError(f"{prompt.category} prompt {prompt.index} is token ids: --endpoint needs text prompts")
-    kw: dict = dict(model=ep.model, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=True,
-                    stream_options={"include_usage": True}, timeout=ep.timeout)
-    if ignore_eos:
-        kw["extra_body"] = {"ignore_eos": True}
     route = "POST /v1/chat/completions" if prompt.chat else "POST /v1/completions"
-    times: list[float] = []
-    parts: list[str] = []
-    usage, finish = None, None
+    req = Request(prompt.prompt, chat=prompt.chat, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                  extra={"ignore_eos": True} if ignore_eos else {})
     tenant = ep.tenant_of(prompt)
-    t0 = time.perf_counter()
     try:
-        client = ep.clients[tenant]
-        api = client.chat.completions if prompt.chat else client.completions
-        msg = {"messages": [{"role": "user", "content": prompt.prompt}]} if prompt.chat else {"prompt": prompt.prompt}
-        with api.with_streaming_response.create(**msg, **kw) as resp:
-            ctype = resp.headers.get("content-type", "")
-            if "text/event-stream" not in ctype:
-                raise EndpointError(f"endpoint {ep.label} ({ep.url}) is not an OpenAI-compatible server: {route} with "
-                                    f"stream=true answered {_one_line(ctype or 'no content type', 60)}, not an "
-                                    "event stream: check the URL")
-            for chunk in resp.parse():
-                now = time.perf_counter()
-                if now - t0 > ep.timeout:
-                    raise TimeoutError
-                usage = chunk.usage or usage
-                text, fin = _delta_text(chunk, prompt.chat)
-                finish = fin or finish
-                if text:
-                    times.append(now)
-                    parts.append(text)
+        r = timed_request(ep.clients[tenant], req, model=ep.model, timeout=ep.timeout)
     except Exception as exc:
         raise explain(exc, ep.label, ep.url, route, ep.timeout) from None
-    end = time.perf_counter()
-    if not times and finish is None and usage is None:
-        raise EndpointError(f"endpoint {ep.label} ({ep.url}) is not an OpenAI-compatible server: {route} streamed "
-                            "no completion events: check the URL")
-    n_out = usage.completion_tokens if usage is not None else len(times)
-    wall = (end - t0) * 1000
-    ttft = (times[0] - t0) * 1000 if times else None
+    wall = r.latency_s * 1000
     return {"endpoint": ep.label, "url": ep.url, "model": ep.model, "api": "chat" if prompt.chat else "completions",
             "category": prompt.category, "prompt_index": prompt.index, "chat": prompt.chat,
             "temperature": temperature, "max_new_tokens": max_tokens, "seed": seed,
-            "prompt_tokens": usage.prompt_tokens if usage is not None else None, "output_tokens": n_out,
-            "tokens_from": "usage" if usage is not None else "deltas", "finish_reason": finish, "wall_ms": wall,
-            "ttft_ms": ttft, "tpot_ms": (times[-1] - times[0]) * 1000 / (n_out - 1) if len(times) > 1 and n_out > 1
-            else None, "itl_ms": [(b - a) * 1000 for a, b in zip(times, times[1:])], "deltas": len(times),
-            "tokens_per_s": 1000.0 * n_out / wall if wall > 0 else 0.0, "text": "".join(parts),
-            "tenant": tenant, "served_by": resp.headers.get("x-speclm-replica"), "load1": os.getloadavg()[0]}
+            "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+            "tokens_from": "usage" if r.completion_tokens is not None else "deltas", "finish_reason": r.finish_reason,
+            "wall_ms": wall, "ttft_ms": None if r.ttft_s is None else r.ttft_s * 1000,
+            "tpot_ms": None if r.tpot_s is None else r.tpot_s * 1000, "itl_ms": [g * 1000 for g in r.itl_s],
+            "deltas": len(r.deltas), "tokens_per_s": 1000.0 * r.output_tokens / wall if wall > 0 else 0.0,
+            "text": r.text, "tenant": tenant, "served_by": r.headers.get("x-speclm-replica"),
+            "load1": os.getloadavg()[0]}

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ...loadgen import run_clients
 from ..analysis.distributions import distribution
 from ..setup.workloads import Prompt
 from ..trust.phases import InFlight, Phase
@@ -84,22 +84,20 @@ def run_sequential(run: EndpointRun, passes: Sequence[Phase], cfg, write: Callab
 
 
 def run_concurrency(run: EndpointRun, rows: Sequence[Phase], cfg, on_row: Callable[[dict], None]) -> None:
-    """Per row (T × N) and endpoint: the row's prompts once each, N closed-loop clients in flight."""
+    """Per row (T × N) and endpoint: the row's prompts once each, N closed-loop clients in
+    flight (loadgen.run_clients); the first failure stops the row and is raised."""
     for phase in rows:
         for ep in run.endpoints:
             in_flight = InFlight()
 
-            def one(prompt: Prompt, seed: int) -> dict:
+            def one(item: tuple[int, Prompt]) -> dict:
+                i, prompt = item
                 with in_flight.request():
-                    return client.stream_one(ep, prompt, phase.temperature, phase.max_new_tokens, seed, cfg.ignore_eos)
-            t0 = time.perf_counter()
-            pool = ThreadPoolExecutor(max_workers=phase.n)
-            try:
-                futures = [pool.submit(one, p, cfg.seed + i) for i, p in enumerate(phase.prompts)]
-                recs = [f.result() for f in futures]
-            finally:  # on a failure: no further requests, only those in flight finish (bounded by the timeout)
-                pool.shutdown(wait=True, cancel_futures=True)
-            wall_ms = (time.perf_counter() - t0) * 1000
+                    return client.stream_one(ep, prompt, phase.temperature, phase.max_new_tokens, cfg.seed + i,
+                                             cfg.ignore_eos)
+            # on a failure: no further requests, only those in flight finish (bounded by the timeout)
+            load = run_clients(phase.n, list(enumerate(phase.prompts)), one)
+            recs, wall_ms = load.results, load.wall_s * 1000
             tokens = sum(r["output_tokens"] for r in recs)
             row = {"endpoint": ep.label, "url": ep.url, "concurrency": phase.n, "temperature": phase.temperature,
                    "max_new_tokens": phase.max_new_tokens, "requests": len(recs), "output_tokens": tokens,
