@@ -3,8 +3,9 @@
     python -m speclm.server.loadtest --url http://127.0.0.1:8000 --clients 8,16 --requests 32
 
 N clients each stream completions back to back until `requests` have been
-sent in total (bounded in count and in time). Reports throughput (completion
-tokens per second of wall time), latency and TTFT percentiles, and errors.
+sent in total (bounded in count and in time), through speclm/loadgen.py.
+Reports throughput (completion tokens per second of wall time), latency and
+TTFT percentiles, and errors.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 
-import httpx
 import numpy as np
+
+from ..loadgen import Request, openai_client, run_clients, timed_request
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -33,6 +34,9 @@ PROMPTS = [
 
 @dataclass
 class LoadResult:
+    """One client count's run: requests sent (errors included), completion tokens the
+    server reported, and each answered request's latency and TTFT in seconds."""
+
     clients: int
     requests: int = 0
     errors: int = 0
@@ -59,66 +63,22 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def one_request(client: httpx.Client, url: str, body: dict, headers: dict) -> tuple[float, float, int]:
-    """(latency s, ttft s, completion tokens) of one streamed completion."""
-    t0 = time.perf_counter()
-    ttft, tokens = None, 0
-    with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {resp.read()[:200]!r}")
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(str(chunk["error"])[:200])
-            if ttft is None and chunk["choices"] and chunk["choices"][0].get("text"):
-                ttft = time.perf_counter() - t0
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return time.perf_counter() - t0, ttft if ttft is not None else time.perf_counter() - t0, tokens
-
-
 def run_load(url: str, clients: int, requests: int, max_tokens: int, api_key: str | None,
              speculative: dict | None, time_limit_s: float) -> LoadResult:
-    result = LoadResult(clients=clients)
-    lock = threading.Lock()
-    counter = iter(range(requests))
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    deadline = time.perf_counter() + time_limit_s
-
-    def worker() -> None:
-        with httpx.Client(timeout=time_limit_s) as client:
-            while time.perf_counter() < deadline:
-                with lock:
-                    i = next(counter, None)
-                if i is None:
-                    return
-                body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0,
-                        "stream": True, "stream_options": {"include_usage": True}}
-                if speculative:
-                    body["speculative"] = speculative
-                try:
-                    lat, ttft, tokens = one_request(client, url, body, headers)
-                    with lock:
-                        result.requests += 1
-                        result.tokens += tokens
-                        result.latency_s.append(lat)
-                        result.ttft_s.append(ttft)
-                except Exception as exc:  # counted and sampled, never hidden
-                    with lock:
-                        result.requests += 1
-                        result.errors += 1
-                        result.error_samples.append(str(exc))
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    result.wall_s = time.perf_counter() - t0
-    return result
+    """`clients` clients stream `requests` completions of PROMPTS in turn (T = 0, no model
+    named) at the server's root `url`, for at most `time_limit_s` seconds; a failed
+    request is counted and sampled, never raised."""
+    client = openai_client(url, api_key, time_limit_s)
+    extra = {"speculative": speculative} if speculative else {}
+    reqs = [Request(PROMPTS[i % len(PROMPTS)], max_tokens=max_tokens, extra=extra) for i in range(requests)]
+    load = run_clients(clients, reqs, lambda r: timed_request(client, r, model=None, timeout=time_limit_s),
+                       until=time.perf_counter() + time_limit_s, keep_errors=True)
+    replies = load.results
+    return LoadResult(clients=clients, requests=load.requests, errors=len(load.errors),
+                      tokens=sum(r.completion_tokens or 0 for r in replies), wall_s=load.wall_s,
+                      latency_s=[r.latency_s for r in replies],
+                      ttft_s=[r.ttft_s if r.ttft_s is not None else r.latency_s for r in replies],
+                      error_samples=[str(e) for e in load.errors])
 
 
 def main(argv: list[str] | None = None) -> int:
