@@ -1,8 +1,9 @@
 """Memory soak of `speclm serve`: RSS while the caches fill past their bounds.
 
 Starts `speclm serve` on SmolLM2-135M with small cache bounds, sends distinct
-prompts from a few clients for a while, and samples every few seconds the
-server's RSS (/proc) and what its caches hold (/metrics, read from loopback).
+prompts from a few clients for a while (speclm/loadgen.py), and samples every
+few seconds the server's RSS (/proc) and what its caches hold (/metrics, read
+from loopback). A failed request ends the run with its error.
 Once every cache is at its bound, RSS should stay flat: growth after that is
 memory the caches do not account for. One phase with the prefix cache on, one
 with it off; a CSV and a plot go to --out.
@@ -22,9 +23,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+
+from speclm.loadgen import Request, openai_client, run_clients, timed_request
 
 WORDS = ("alpha beta gamma delta parse render merge index cache route token table query batch stream "
          "vector matrix signal buffer socket thread worker queue lock timer event graph node edge").split()
@@ -53,15 +58,12 @@ def cache_tokens(url: str) -> tuple[float, float]:
     return total("speclm_suffix_cache_tokens"), total("speclm_prefix_cache_tokens")
 
 
-def client(url: str, stop: threading.Event, seed: int, sent: list[int]) -> None:
+def prompts(seed: int) -> Iterator[Request]:
+    """Distinct function-header prompts without end, non-streamed, 48 tokens at T = 0.7."""
     rng = random.Random(seed)
-    with httpx.Client(timeout=120) as h:
-        while not stop.is_set():
-            prompt = "def " + "_".join(rng.sample(WORDS, 3)) + "(" + ", ".join(rng.sample(WORDS, 2)) + "):\n"
-            r = h.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 48, "temperature": 0.7})
-            if r.status_code != 200:
-                raise RuntimeError(f"{r.status_code}: {r.text[:200]}")
-            sent[0] += 1
+    while True:
+        prompt = "def " + "_".join(rng.sample(WORDS, 3)) + "(" + ", ".join(rng.sample(WORDS, 2)) + "):\n"
+        yield Request(prompt, max_tokens=48, temperature=0.7, stream=False)
 
 
 def phase(name: str, prefix_tokens: int, args: argparse.Namespace, rows: list[dict]) -> None:
@@ -84,19 +86,24 @@ def phase(name: str, prefix_tokens: int, args: argparse.Namespace, rows: list[di
                 raise RuntimeError(f"the server did not start: see {log.name}")
             time.sleep(0.5)
         stop, sent = threading.Event(), [0]
-        threads = [threading.Thread(target=client, args=(url, stop, i, sent), daemon=True) for i in range(args.clients)]
-        for t in threads:
-            t.start()
-        t0 = time.monotonic()
-        while (elapsed := time.monotonic() - t0) < args.minutes * 60:
-            suffix, prefix = cache_tokens(url)
-            rows.append({"phase": name, "seconds": round(elapsed, 1), "rss_mb": round(rss_mb(proc.pid), 1),
-                         "suffix_cache_tokens": suffix, "prefix_cache_tokens": prefix, "requests": sent[0]})
-            print(rows[-1], flush=True)
-            time.sleep(args.every)
-        stop.set()
-        for t in threads:
-            t.join(60)
+        api = openai_client(url, None, 120)
+
+        def send(req: Request) -> None:
+            timed_request(api, req, model=None, timeout=120)
+            sent[0] += 1
+        with ThreadPoolExecutor(1) as pool:  # the clients run while this thread samples; a failure ends the phase
+            load = pool.submit(run_clients, args.clients, prompts(0), send, stop=stop)
+            t0 = time.monotonic()
+            try:
+                while (elapsed := time.monotonic() - t0) < args.minutes * 60 and not load.done():
+                    suffix, prefix = cache_tokens(url)
+                    rows.append({"phase": name, "seconds": round(elapsed, 1), "rss_mb": round(rss_mb(proc.pid), 1),
+                                 "suffix_cache_tokens": suffix, "prefix_cache_tokens": prefix, "requests": sent[0]})
+                    print(rows[-1], flush=True)
+                    time.sleep(args.every)
+            finally:
+                stop.set()
+            load.result()
     finally:
         proc.terminate()
         proc.wait(30)
