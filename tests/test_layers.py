@@ -21,7 +21,7 @@ LAYERS = [
     ("request parts", ["speclm.stops", "speclm.prefix_cache", "speclm.heads"]),
     ("speculation", ["speclm.speculative"]),
     ("the engine", ["speclm.api", "speclm.engine"]),
-    ("services", ["speclm.server", "speclm.bench"]),
+    ("services", ["speclm.server", "speclm.bench", "speclm.loadgen"]),
     ("distribution", ["speclm.distributed"]),
     ("commands", ["speclm.commands", "speclm.__main__", "speclm"]),
 ]
