@@ -15,7 +15,8 @@ import pytest
 
 from speclm import LLM, SamplingParams
 from speclm.backends.toy import ToyBackend
-from speclm.bench.run.sweep import run_to_dir
+from speclm.bench.pipeline import run_pipeline
+from speclm.bench.setup.plan import plan_bench
 from speclm.commands import bench as bench_cli
 from speclm.bench.analysis import counts, distributions, groups, ratios
 from speclm.bench.run.manifest import describe_model
@@ -264,8 +265,8 @@ def test_toy_end_to_end_writes_every_file_and_interleaves(tmp_path):
                             {"category": "free", "prompt": "dbca"}])
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=256), draft=ToyBackend(6, seed=8, order=1))
     cfg = BenchConfig(ks=[2, 3], temperatures=[0.0, 1.0], max_new_tokens=[12], repeats=2, concurrency=[1, 2])
-    out = run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", dataset=str(data),
-                               progress=False)
+    out = run_pipeline(plan_bench(workloads.load_dataset(data), cfg, llm, dataset=str(data)), tmp_path / "out",
+                       progress=False)
     requests, summary = check_outputs(tmp_path / "out", 3 * 2 * 2 * 5)
     assert [r["method"] for r in requests[:5]] == ["ar", "sd-draft", "sd-draft", "sd-ngram", "sd-ngram"]
     greedy = [r for r in requests if r["temperature"] == 0 and r["method"] != "ar"]
@@ -285,6 +286,46 @@ def test_toy_end_to_end_writes_every_file_and_interleaves(tmp_path):
     assert out["manifest"]["models"]["target"]["source"] == "in-memory"
     assert {v["category"] for v in summary["verdicts"]} == {"copy", "free", "all"}
     assert llm.target.live_sequences == 0
+
+
+def test_the_cli_and_a_built_llm_run_the_same_pipeline_with_every_stage(tmp_path, monkeypatch):
+    """`speclm bench` (models by name) and a run on an LLM already built (as these tests
+    run it) go through one pipeline function, and both get every stage's output: the
+    copy ceiling with its streams, and the variants section."""
+    from speclm.bench import pipeline
+    from speclm.bench.run import models as bench_models
+    from speclm.bench.setup import plan as bench_plan
+
+    real, seen = pipeline.run_pipeline, []
+    assert run_pipeline is real  # the function this module's runs call
+
+    def spy(plan, out_dir, **kw):
+        seen.append(type(plan.models).__name__)
+        return real(plan, out_dir, **kw)
+
+    def toy(name, *args, **kwargs):
+        backend = ToyBackend(6, seed=4, n_ctx=256, name=name)
+        backend.n_threads = 1
+        return backend
+    monkeypatch.setattr(pipeline, "run_pipeline", spy)
+    monkeypatch.setattr(bench_plan, "resolve_model", lambda name: None)
+    monkeypatch.setattr(bench_models, "load_backend", toy)
+    monkeypatch.setattr(bench_plan.quality, "load_texts", lambda n: [("toy text", "abcdef" * 20)])  # toy's alphabet
+    data = write(tmp_path, [{"category": "copy", "prompt": p, "chat": False} for p in ("abcabcabcabc", "abcdabcdab")])
+    args = parser().parse_args(["bench", "--target", "toy", "--dataset", str(data), "--methods", "ar,sd-suffix",
+                                "--k", "3", "--max-new-tokens", "12", "--no-wait-quiet", "--out", str(tmp_path / "cli")])
+    assert args.func(args) == 0
+    cfg = BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[12])
+    pipeline.run_pipeline(plan_bench(workloads.load_dataset(data), cfg, LLM(target=toy("toy"))), tmp_path / "lib",
+                          progress=False)
+    assert seen == ["ModelNames", "LLM"]
+    for out in (tmp_path / "cli", tmp_path / "lib"):
+        summary = json.loads((out / "summary.json").read_text())
+        assert [c["category"] for c in summary["copy_ceiling"]] == ["copy"]
+        assert summary["copy_ceiling"][0]["drafter_ceiling"] >= 1.0 and "replay_auto" in summary["copy_ceiling"][0]
+        assert len((out / "streams.jsonl").read_text().splitlines()) == 2
+        assert [t["name"] for t in summary["variants"]["targets"]] == ["toy"]
+        assert set(summary["variants"]["targets"][0]["v_ms"]) == {"1", "4", "8", "16"}
 
 
 def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
@@ -434,7 +475,7 @@ def test_toy_run_reports_halves_computed_from_each_halfs_requests(tmp_path):
                  + [{"category": "solo", "prompt": "abab"}])
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=256))
     cfg = BenchConfig(methods=["sd-ngram"], ks=[2, 3], max_new_tokens=[10], repeats=2)
-    run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", progress=False)
+    run_pipeline(plan_bench(workloads.load_dataset(data), cfg, llm), tmp_path / "out", progress=False)
     requests = [json.loads(x) for x in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     seq_ar = [r["prompt_index"] for r in requests if r["method"] == "ar" and r["category"] == "seq"]
@@ -470,7 +511,7 @@ def test_toy_medusa_run_reports_heads_cost_per_head_acceptance_and_the_online_cu
     llm = LLM(target=target, heads=toy_heads(target))
     cfg = BenchConfig(methods=["medusa"], ks=[3], max_new_tokens=[60], repeats=2,
                       base=SpecConfig().with_options(online=True, online_lr=0.05))
-    run_to_dir(llm, workloads.load_dataset(data), cfg, tmp_path / "out", progress=False)
+    run_pipeline(plan_bench(workloads.load_dataset(data), cfg, llm), tmp_path / "out", progress=False)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     rows = [r for r in summary["medusa"] if r["category"] == "seq"]
     assert len(rows) == 1 and rows[0]["rounds"] > 100 and rows[0]["curve"]
@@ -486,7 +527,7 @@ def test_repeated_concurrency_rows_alternate_who_runs_first_and_pair_within_a_re
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=2)
     prompts = [workloads.Prompt("t", i, (0, 1, 2, i % 6, 1), chat=False) for i in range(3)]
     cfg = BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[8], concurrency=[1, 2], concurrency_repeats=2)
-    run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
+    run_pipeline(plan_bench(prompts, cfg, llm), tmp_path / "out", progress=False)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     order = [(c["repeat"], c["concurrency"], c["method"]) for c in summary["concurrency"]]
     assert order == [(0, 1, "ar"), (0, 1, "sd-suffix"), (0, 2, "sd-suffix"), (0, 2, "ar"),
@@ -548,7 +589,7 @@ def test_each_arm_and_concurrency_row_reuses_only_its_own_prompt_kv(tmp_path):
     start = (0, 1, 2, 3, 4, 5, 0, 2, 4, 1, 3, 5)
     prompts = [workloads.Prompt("t", i, start + (i % 6, 1, 2), chat=False) for i in range(3)]
     cfg = BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[8], concurrency=[1])
-    run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
+    run_pipeline(plan_bench(prompts, cfg, llm), tmp_path / "out", progress=False)
     recs = [json.loads(line) for line in (tmp_path / "out" / "requests.jsonl").read_text().splitlines()]
     cached = {(r["method"], r["prompt_index"]): r["cached_prompt_tokens"] for r in recs}
     assert cached == {(m, i): 0 if i == 0 else len(start) for m in ("ar", "sd-suffix") for i in range(3)}

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from speclm.commands import bench as bench_cli
-from speclm.bench.run import sweep
+from speclm.bench.run import models as bench_models
+from speclm.bench.setup import plan as bench_plan
 from speclm.bench.output.results import table_rows
 from speclm.errors import InvalidRequestError, ModelError
 from speclm.models import variants
@@ -37,7 +38,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def cache(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECLM_CACHE_DIR", str(prepared))
-    monkeypatch.setattr(sweep, "QUALITY_TEXTS", 1)  # ppl_text + one HumanEval problem: enough here
+    monkeypatch.setattr(bench_plan, "QUALITY_TEXTS", 1)  # ppl_text + one HumanEval problem: enough here
     return prepared
 
 
@@ -55,7 +56,7 @@ def swept(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECLM_CACHE_DIR", str(prepared))
         mp.setenv("COLUMNS", "200")
-        mp.setattr(sweep, "QUALITY_TEXTS", 1)
+        mp.setattr(bench_plan, "QUALITY_TEXTS", 1)
         assert bench("--targets", f"{SMOL},{Q8}", "--drafts", f"{SMOL},{Q8}", "--variant-quality",
                      *FAST, "--out", str(out)) == 0
     return out
@@ -135,7 +136,7 @@ def test_target_and_targets_together_are_rejected(cache: Path) -> None:
 def test_unknown_variant_is_a_clear_error_before_any_model_loads(cache: Path, monkeypatch) -> None:
     def no_load(*a, **k):
         raise AssertionError("a model was loaded before the names were checked")
-    monkeypatch.setattr(sweep, "load_backend", no_load)
+    monkeypatch.setattr(bench_models, "load_backend", no_load)
     with pytest.raises(ModelError, match=r"speclm models prepare smollm2-135m --quant q5_0"):
         bench("--targets", f"{SMOL},{SMOL}@q5_0", "--drafts", SMOL, *FAST)
     with pytest.raises(ModelError, match="q3_x"):

@@ -18,7 +18,8 @@ import pytest
 
 from speclm import LLM
 from speclm.backends.toy import ToyBackend
-from speclm.bench.run.sweep import run_to_dir
+from speclm.bench.pipeline import run_pipeline
+from speclm.bench.setup.plan import plan_bench
 from speclm.commands import bench as bench_cli
 from speclm.bench.analysis.counts import round_counts
 from speclm.bench.analysis.groups import group_rows, verdicts
@@ -112,7 +113,7 @@ def toy_run(tmp_path, monkeypatch, starved_calls, methods=("sd-ngram",), name="o
     prompts = [workloads.Prompt("seq", i, p, chat=False) for i, p in enumerate(
         [(0, 1, 2, 0, 1, 2), (1, 2, 3, 1, 2, 3), (2, 3, 4, 2, 3, 4)])]
     cfg = BenchConfig(methods=list(methods), ks=[2], max_new_tokens=[8], trust=TrustPolicy(**trust))
-    out = run_to_dir(LLM(target=target), prompts, cfg, tmp_path / name, progress=False)
+    out = run_pipeline(plan_bench(prompts, cfg, LLM(target=target)), tmp_path / name, progress=False)
 
     def lines(file: str) -> list[dict]:
         path = tmp_path / name / file
@@ -246,7 +247,7 @@ def test_an_in_process_concurrency_row_never_has_more_in_flight_than_its_prompts
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=3)
     prompts = [workloads.Prompt("t", i, (0, 1, 2, i, 1), chat=False) for i in range(3)]
     cfg = BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[8], concurrency=[1, 16])
-    out = run_to_dir(llm, prompts, cfg, tmp_path / "out", progress=False)
+    out = run_pipeline(plan_bench(prompts, cfg, llm), tmp_path / "out", progress=False)
     conc = out["summary"]["concurrency"]
     assert [(c["concurrency_requested"], c["concurrency"]) for c in conc] == [(1, 1)] * 2 + [(16, 3)] * 2
     assert all(1 <= c["in_flight_peak"] <= c["concurrency"] for c in conc)

@@ -1,5 +1,5 @@
 """`speclm bench`: sweep methods × K × temperature over prompt categories (and,
-with --targets/--drafts, over target and draft models: see bench/run/sweep.py) and
+with --targets/--drafts, over target and draft models: see bench/pipeline.py) and
 write raw traces, summary.json, report.md, plots and manifest.json.
 
 Starved requests are flagged and re-run, after a bounded wait for a quiet
@@ -7,8 +7,9 @@ machine (bench/trust/). `--endpoint URL [--endpoint-b URL]` runs the same
 prompts against OpenAI-compatible servers instead (bench/endpoint/).
 
 Wire it with `add_bench_parser(subparsers)`; the command's function is
-`cmd_bench(args) -> exit code`. `run_to_dir` is the same pipeline for an
-already built LLM (tests, notebooks).
+`cmd_bench(args) -> exit code`. It plans the run by model names and runs
+bench/pipeline.py's `run_pipeline`, the one pipeline an already built LLM
+(tests, notebooks) runs too.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from rich.table import Table
 from ..backends.load import LoadConfig
 from ..bench.analysis.replays import COSTS
 from ..bench.output.sections import print_sections
-from ..bench.run.sweep import plan_models, run_sweep
+from ..bench import pipeline
+from ..bench.setup.plan import plan_bench, plan_models
 from ..bench.setup.config import BenchConfig
 from ..bench.setup.workloads import WorkloadConfig
 from ..bench.trust.policy import TrustPolicy
@@ -144,7 +146,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts = v["workload"].prompts()
     if endpoint:
         return cmd_endpoint_bench(args, v, prompts)
-    plan = plan_models(args.target, args.targets, args.draft, args.drafts, cfg.uses_draft())
+    load = build(args, LoadConfig)
+    models = plan_models(args.target, args.targets, args.draft, args.drafts, cfg.uses_draft(), n_ctx=load.n_ctx,
+                         threads=load.n_threads, kernels=load.kernels, speculator=speculator_config(args))
+    plan = plan_bench(prompts, cfg, models, dataset=args.dataset, variant_quality=args.variant_quality)
     err = Console(stderr=True, highlight=False)
     if unused := cfg.unused_settings():
         err.print(f"[bold yellow]warning:[/] {escape(', '.join(unused))} set, but no method of --methods reads "
@@ -153,10 +158,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if warning:
         err.print(f"[bold red]WARNING:[/] {escape(warning)}")
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
-    load = build(args, LoadConfig)
-    out = run_sweep(plan, prompts, cfg, out_dir, n_ctx=load.n_ctx, threads=load.n_threads, dataset=args.dataset,
-                    variant_quality=args.variant_quality, progress=True, speculator=speculator_config(args),
-                    kernels=load.kernels)
+    out = pipeline.run_pipeline(plan, out_dir, progress=True)
     print_sections(out["sections"])
     print(f"report: {out['report']}")
     return 0

@@ -55,7 +55,7 @@ from pathlib import Path
 from ...costs import cost_ratios, observed_curve
 from ...sampling import SamplingParams
 from ...speculative.proposers.suffix import SuffixProposer
-from ...speculative.replay import Replayed, Stream
+from ...speculative.replay import Replayed, Stream, replay
 from ...speculative.proposers.suffix_index import SuffixCache, SuffixConfig
 from ..setup.methods import BASELINE
 
@@ -254,3 +254,42 @@ def copy_ceiling(ar: Sequence[dict], prompt_ids: dict[tuple[str, int], list[int]
              "best_ceiling": best[cat].ceiling,
              **({"prediction_rounds": predicted[cat].rounds, "prediction_ceiling": predicted[cat].ceiling}
                 if cat in has_prediction else {})} for cat, t in mine.items()]
+
+
+@dataclasses.dataclass
+class CeilingInput:
+    """One target's copy ceiling, as gathered while it was loaded: its greedy_ar records,
+    the ids its prompts were encoded to ((category, index) -> ids), the curves timed after
+    its requests (category -> {b: ms}), its prompts' predictions as ids, and the bytes of
+    every token those hold (the predicted drafter realigns by them)."""
+
+    target_name: str | None
+    ar: list[dict]
+    prompt_ids: dict[tuple[str, int], list[int]]
+    timed: dict[str, dict[int, float]]
+    predictions: dict[tuple[str, int], list[int]]
+    pieces: dict[int, bytes]
+
+
+def copy_ceilings(inputs: Sequence[CeilingInput], rounds: Sequence[dict], *, methods: Sequence[str], k_max: int,
+                  suffix: SuffixConfig) -> tuple[list[dict], list[dict]]:
+    """(copy_ceiling rows of every target, each category priced by observed_curves of its
+    timed curve and the run's `rounds`, with what method auto's controller keeps of it
+    replayed on the same outputs and curves; the greedy streams as streams.jsonl's lines)."""
+    rows: list[dict] = []
+    lines: list[dict] = []
+    for c in inputs:
+        seen, forwards = observed_curves(c.timed, rounds, c.target_name)
+        # rounded once, as summary.json stores them, so `speclm bench replay` prices exactly as this run did
+        curves = {cat: {b: round(ms, 2) for b, ms in curve.items()} for cat, curve in seen.items()}
+        mine = copy_ceiling(c.ar, c.prompt_ids, curves, k_max=k_max, suffix=suffix, methods=methods,
+                            predictions=c.predictions, piece=c.pieces.__getitem__)
+        runs = streams(c.ar, c.prompt_ids, c.predictions)
+        replayed = {r.category: r for r in replay(runs, curves, k_max=k_max, suffix=suffix)}
+        for row in mine:
+            row["timed_v_ms"] = {str(b): round(ms, 2) for b, ms in c.timed[row["category"]].items()}
+            row["forwards"] = {str(b): n for b, n in forwards[row["category"]].items()}
+            row.update(replay_fields(replayed[row["category"]], row))
+        rows += mine
+        lines += [{"target_name": c.target_name, **dataclasses.asdict(s)} for s in runs]
+    return rows, lines

@@ -9,7 +9,6 @@ from ..analysis.halves import halves
 from ..analysis.heads import heads_rows
 from ..analysis.projection import project
 from ..analysis.scaling import paired
-from ..trust.starvation import summarize
 from .cells import num
 from .concurrency import concurrency_section
 from .results import acceptance_section, distributions_section, identity_section, results_section, verdicts_section
@@ -42,9 +41,11 @@ def plots_section(plots: list[str]) -> Section:
 
 
 def bench_sections(run, config: dict, manifest: dict, rows: list[dict], plots: list[str], *,
-                   variants: dict | None = None, ceilings: list[dict] | None = None) -> list[Section]:
+                   contamination: dict | None = None, variants: dict | None = None,
+                   ceilings: list[dict] | None = None) -> list[Section]:
     """`rows`: groups.group_rows(run.requests); `config`: BenchConfig.to_dict(), whose
-    "contamination" carries what the trust checks observed; `plots`: their paths."""
+    "contamination" carries what the trust checks observed; `contamination`: the trust
+    stage's verdict (trust.starvation.summarize); `plots`: their paths."""
     verdict_rows = verdicts(rows)
     trust = config.get("contamination") or {}
     return [header_section(run, config, manifest),
@@ -52,8 +53,7 @@ def bench_sections(run, config: dict, manifest: dict, rows: list[dict], plots: l
             verdicts_section(verdict_rows, busy=bool(run.warnings)),
             variants_section(variants),
             results_section(rows, config["max_new_tokens"]),
-            contamination_section(summarize(run.requests, config.get("contamination")),
-                                  trust.get("observed", {}).get("reruns", [])),
+            contamination_section(contamination, trust.get("observed", {}).get("reruns", [])),
             halves_section(halves(run.requests)),
             ceiling_section(ceilings or [], rows, len({v.get("target") for v in verdict_rows}) > 1),
             ssd_section(rows),

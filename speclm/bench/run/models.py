@@ -1,0 +1,144 @@
+"""The run stage's models: each target's turn (`Turn`) with the LLMs its arms run on, and
+each model's line for the variants section (file, size, sha256, quality, v(b)).
+
+Models by name: the drafts load first and stay loaded for the whole run; each
+target then loads in turn, gets one LLM per draft over the same loaded target,
+and is closed after its turn. An LLM already built is one turn, on its own
+target and draft, and nothing is closed. v(b) is timed after the target's
+requests (the model is warm; speclm.costs.time_blocks, median of V_REPEATS) on
+the quality text set, or on the run's prompts where there is none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from ...api import LLM
+from ...backends.base import Backend
+from ...backends.load import load_backend
+from ...costs import time_blocks
+from ..analysis import quality
+from ..analysis.variants import V_KS, V_REPEATS
+from ..setup.plan import BenchPlan, ModelNames
+from .manifest import describe_model
+
+
+@dataclass
+class Turn:
+    """One target's part of the run: its LLM, the LLMs of its drafts ({name: (LLM, record
+    meta)}), the meta every record gets, and its quality pass (tokens of the text set)."""
+
+    described: dict  # describe_model's
+    llm: LLM
+    drafts: dict[str, tuple[LLM, dict]]
+    meta: dict
+    quality: quality.Quality | None
+
+
+@dataclass
+class Models:
+    """What the run stage learns of its models: describe_model dicts for the manifest
+    (`described_targets`, `described_drafts`) and the variants section's lines (`targets`
+    in run order, `drafts` by name), and the threads llama.cpp computes with."""
+
+    described_targets: list[dict] = field(default_factory=list)
+    described_drafts: list[dict] = field(default_factory=list)
+    targets: list[dict] = field(default_factory=list)
+    drafts: dict[str, dict] = field(default_factory=dict)
+    threads: int | None = None
+
+
+def model_entry(d: dict, q: quality.Quality | None) -> dict:
+    """A model's line in the variants section, from its describe_model dict and quality pass."""
+    return {"name": d["name"], "file": d.get("path"), "size": d.get("size"), "sha256": d.get("sha256"),
+            "source": d.get("source"), "quant": d.get("quant"), "perplexity": q and q.perplexity,
+            "ppl_tokens": q.ppl_tokens if q else 0, "agreement": q and q.agreement,
+            "agreement_note": q.note if q else "quality pass skipped"}
+
+
+def time_v(backend: Backend, tokens: Sequence[Sequence[int]]) -> dict:
+    """v(b) at V_KS after quality.CONTEXT tokens of `tokens`, as the variants section keeps it."""
+    context, block = quality.timing_block(tokens, max(V_KS))
+    return quality.v_summary(time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
+
+
+def _turns_by_name(plan: BenchPlan, names: ModelNames, models: Models) -> Iterator[Turn]:
+    texts, cfg, kv = plan.texts, plan.cfg, plan.cfg.prefix_cache_tokens
+    drafts: dict[str, tuple[Backend, quality.Quality]] = {}
+    try:
+        for name in names.drafts:
+            be = load_backend(name, names.n_ctx, names.threads, plan.max_sequences, names.kernels, "decoding")
+            drafts[name] = be, quality.measure_quality(be, texts, run=False)
+            models.described_drafts.append(describe_model(name, be) or {})
+            models.drafts[name] = {**model_entry(models.described_drafts[-1], drafts[name][1]),
+                                   **time_v(be, drafts[name][1].tokens)}
+        ref: quality.Quality | None = None
+        for name in names.targets:
+            tb = load_backend(name, names.n_ctx, names.threads, plan.max_sequences, names.kernels)
+            try:
+                models.threads = models.threads or names.threads or tb.n_threads
+                q = quality.measure_quality(tb, texts, ref, run=plan.variant_quality)
+                if ref is None and plan.variant_quality:  # drafts: perplexity and agreement with the first target
+                    for d, (be, _) in drafts.items():
+                        dq = quality.measure_quality(be, texts, q)
+                        models.drafts[d].update(perplexity=dq.perplexity, ppl_tokens=dq.ppl_tokens,
+                                                agreement=dq.agreement, agreement_note=dq.note)
+                ref = ref or q
+                described = describe_model(name, tb) or {}
+                models.described_targets.append(described)
+                llm = LLM(target=tb, prefix_cache_tokens=kv, kernels=names.kernels)  # wraps the loaded backends
+                d_llms = {d: (LLM(target=tb, draft=be, speculator=names.speculator, prefix_cache_tokens=kv,
+                                  kernels=names.kernels), {"draft_name": d, "draft_sha256": models.drafts[d]["sha256"]})
+                          for d, (be, _) in drafts.items()}
+                try:
+                    yield Turn(described, llm, d_llms, {"target_name": name, "target_sha256": described.get("sha256")},
+                               q)
+                finally:
+                    for d_llm, _ in d_llms.values():
+                        d_llm.close_speculator()  # ssd: its process holds a draft copy; the next target starts anew
+            finally:
+                tb.close()
+    finally:
+        for be, _ in drafts.values():
+            be.close()
+
+
+def _turn_given(plan: BenchPlan, llm: LLM, models: Models) -> Iterator[Turn]:
+    target = describe_model(None, llm.target) or {}
+    models.described_targets.append(target)
+    models.threads = getattr(llm.target, "n_threads", None)
+    drafts: dict[str, tuple[LLM, dict]] = {}
+    if plan.draft_count:
+        draft = describe_model(None, llm.draft) or {}
+        models.described_drafts.append(draft)
+        models.drafts[draft["name"]] = model_entry(draft, None)
+        drafts[draft["name"]] = llm, {"draft_name": draft["name"], "draft_sha256": draft.get("sha256")}
+    yield Turn(target, llm, drafts, {"target_name": target["name"], "target_sha256": target.get("sha256")},
+               None)
+
+
+@contextmanager
+def turns(plan: BenchPlan) -> Iterator[tuple[Iterator[Turn], Models]]:
+    """(each target's turn, in run order; what they taught of the models). Models by name
+    are closed when the block ends, however it ends."""
+    models = Models()
+    it = (_turns_by_name(plan, plan.models, models) if isinstance(plan.models, ModelNames)
+          else _turn_given(plan, plan.models, models))
+    try:
+        yield it, models
+    finally:
+        it.close()
+
+
+def finish_turn(turn: Turn, models: Models, prompt_ids: Sequence[Sequence[int]]) -> None:
+    """After a target's requests: its variants line, v(b) timed now that it is warm (on the
+    text set's tokens, or the run's prompts where there is none), and its drafts' v(b)
+    where they were not timed at load."""
+    tokens = turn.quality.tokens if turn.quality and turn.quality.tokens else prompt_ids
+    models.targets.append({**model_entry(turn.described, turn.quality),
+                           **time_v(turn.llm.target, tokens)})
+    for name, (d_llm, _) in turn.drafts.items():
+        if "v_ms" not in models.drafts[name]:
+            models.drafts[name].update(time_v(d_llm.draft, prompt_ids))
