@@ -1,4 +1,4 @@
-"""The "variants" section of a targets × drafts sweep (run/sweep.py): per target × draft,
+"""The "variants" section of a targets × drafts sweep (run/models.py): per target × draft,
 the target's AR tok/s and v(k), the draft config with the most accepted progress per ms
 (Σ output tokens / Σ wall ms, docs/design.md#metrics) and its speedup over its own
 target's AR, and the best pair with its perplexity cost against the first target."""

@@ -1,3 +1,4 @@
-"""Run: the timed requests (sequential.py, then concurrent.py), their traces (trace.py) and
-records (records.py), a sweep over target and draft models that writes every output
-(sweep.py), and the manifest of what ran on what (manifest.py)."""
+"""Run, the pipeline's second stage: every target's turn (sweep.py) on models loaded in
+turn or given (models.py), the timed requests (sequential.py, then concurrent.py), their
+traces (trace.py) and records (records.py), and the manifest of what ran on what
+(manifest.py)."""
