@@ -26,7 +26,8 @@ def run_pipeline(plan: BenchPlan, out_dir: Path, *, progress: bool = True) -> di
     measured = run_plan(plan, out_dir, progress=progress)
     run, models, cfg = measured.run, measured.models, plan.cfg
     contamination = summarize(run.requests, cfg.to_dict()["contamination"])
-    figures = analyse(run.requests, read_rounds(out_dir) if measured.ceilings else [], measured.ceilings,
+    rounds = read_rounds(out_dir) if measured.ceilings else []
+    figures = analyse(run.requests, run.concurrency, rounds, measured.ceilings,
                       targets=models.targets, drafts=list(models.drafts.values()),
                       ceiling_methods=plan.ceiling_methods, ceiling_k=plan.ceiling_k, suffix=cfg.base.suffix,
                       quality=plan.variant_quality, text_labels=[label for label, _ in plan.texts])

@@ -1,6 +1,8 @@
 """The analyse stage: every figure of a run, from its records alone (no model is loaded):
-the report's rows (groups.py), the copy ceiling with its replays (ceiling.py) and the
-variants section (variants.py)."""
+the report's rows and verdicts (groups.py), the copy ceiling with its replays
+(ceiling.py), the variants section (variants.py), the halves, the Medusa heads, the SSD
+projection, the concurrency pairs and the greedy divergences. The write stage only
+renders them."""
 
 from __future__ import annotations
 
@@ -9,27 +11,44 @@ from dataclasses import dataclass
 
 from ...speculative.proposers.suffix_index import SuffixConfig
 from .ceiling import CeilingInput, copy_ceilings
-from .groups import group_rows
+from .groups import divergences, group_rows, models_vary, verdicts
+from .halves import halves
+from .heads import heads_rows
+from .projection import project
+from .scaling import paired
 from .variants import build_variants
 
 
 @dataclass
 class Figures:
-    """What the write stage renders beside the records: group rows, copy-ceiling rows,
-    streams.jsonl's lines and the variants section."""
+    """What the write stage renders beside the records: group rows and their verdicts,
+    copy-ceiling rows, streams.jsonl's lines, the variants section, the first/second half
+    rows, Medusa heads rows, the SSD projection, concurrency pairs, greedy divergences and
+    whether the rows name their models (a variant sweep)."""
 
     rows: list[dict]
+    verdicts: list[dict]
     ceilings: list[dict]
     streams: list[dict]
     variants: dict
+    halves: list[dict]
+    heads: list[dict]
+    projection: list[dict]
+    paired: list[dict]
+    divergences: list[dict]
+    models_vary: bool
 
 
-def analyse(requests: Sequence[dict], rounds: Sequence[dict], ceilings: Sequence[CeilingInput], *,
-            targets: list[dict], drafts: list[dict], ceiling_methods: Sequence[str], ceiling_k: int,
-            suffix: SuffixConfig, quality: bool, text_labels: list[str]) -> Figures:
-    """`requests`, `rounds`: the run's records (requests.jsonl, rounds.jsonl); `ceilings`: one
-    input per target (none: no ceiling); `targets`, `drafts`: the models' variants lines;
+def analyse(requests: Sequence[dict], concurrency: Sequence[dict], rounds: Sequence[dict],
+            ceilings: Sequence[CeilingInput], *, targets: list[dict], drafts: list[dict],
+            ceiling_methods: Sequence[str], ceiling_k: int, suffix: SuffixConfig, quality: bool,
+            text_labels: list[str]) -> Figures:
+    """`requests`, `concurrency`, `rounds`: the run's records (requests.jsonl, its concurrency
+    rows, rounds.jsonl); `ceilings`: one input per target (none: no ceiling); `targets`,
+    `drafts`: the models' variants lines;
     `quality`: whether perplexity and agreement were measured, on `text_labels`."""
-    rows, streams = copy_ceilings(ceilings, rounds, methods=ceiling_methods, k_max=ceiling_k, suffix=suffix)
+    ceiling_rows, streams = copy_ceilings(ceilings, rounds, methods=ceiling_methods, k_max=ceiling_k, suffix=suffix)
     variants = build_variants(requests, targets, drafts, quality=quality, text_labels=text_labels)
-    return Figures(group_rows(requests), rows, streams, variants)
+    rows = group_rows(requests)
+    return Figures(rows, verdicts(rows), ceiling_rows, streams, variants, halves(requests), heads_rows(requests),
+                   project(requests), paired(concurrency), divergences(requests), models_vary(rows))

@@ -1,14 +1,10 @@
 """The local bench's report: its sections in report.md's order, built once from a run
-(run/sequential.BenchRun) and rendered to summary.json, report.md and the console
-(sections.py)."""
+(run/sequential.BenchRun) and its figures (analysis/figures.py) and rendered to
+summary.json, report.md and the console (sections.py)."""
 
 from __future__ import annotations
 
-from ..analysis.groups import divergences, models_vary, verdicts
-from ..analysis.halves import halves
-from ..analysis.heads import heads_rows
-from ..analysis.projection import project
-from ..analysis.scaling import paired
+from ..analysis.figures import Figures
 from .cells import num
 from .concurrency import concurrency_section
 from .results import acceptance_section, distributions_section, identity_section, results_section, verdicts_section
@@ -40,28 +36,27 @@ def plots_section(plots: list[str]) -> Section:
     return Section("Plots", markdown=[f"![{p}]({p})" for p in plots] + [""])
 
 
-def bench_sections(run, config: dict, manifest: dict, rows: list[dict], plots: list[str], *,
-                   contamination: dict | None = None, variants: dict | None = None,
-                   ceilings: list[dict] | None = None) -> list[Section]:
-    """`rows`: groups.group_rows(run.requests); `config`: BenchConfig.to_dict(), whose
-    "contamination" carries what the trust checks observed; `contamination`: the trust
-    stage's verdict (trust.starvation.summarize); `plots`: their paths."""
-    verdict_rows = verdicts(rows)
+def bench_sections(run, config: dict, manifest: dict, figures: Figures, plots: list[str], *,
+                   contamination: dict | None = None) -> list[Section]:
+    """`config`: BenchConfig.to_dict(), whose "contamination" carries what the trust checks
+    observed; `contamination`: the trust stage's verdict (trust.starvation.summarize);
+    `plots`: their paths."""
+    f, rows = figures, figures.rows
     trust = config.get("contamination") or {}
     return [header_section(run, config, manifest),
             warnings_section(run.warnings),
-            verdicts_section(verdict_rows, busy=bool(run.warnings)),
-            variants_section(variants),
+            verdicts_section(f.verdicts, busy=bool(run.warnings)),
+            variants_section(f.variants),
             results_section(rows, config["max_new_tokens"]),
             contamination_section(contamination, trust.get("observed", {}).get("reruns", [])),
-            halves_section(halves(run.requests)),
-            ceiling_section(ceilings or [], rows, len({v.get("target") for v in verdict_rows}) > 1),
+            halves_section(f.halves),
+            ceiling_section(f.ceilings, rows, len({v.get("target") for v in f.verdicts}) > 1),
             ssd_section(rows),
             structured_section(rows),
-            projection_section(project(run.requests)),
-            heads_section(heads_rows(run.requests), rows),
+            projection_section(f.projection),
+            heads_section(f.heads, rows),
             distributions_section(rows),
             acceptance_section(rows),
-            identity_section(divergences(run.requests), models_vary(rows)),
-            concurrency_section(run.concurrency, paired(run.concurrency)),
+            identity_section(f.divergences, f.models_vary),
+            concurrency_section(run.concurrency, f.paired),
             plots_section(plots)]
