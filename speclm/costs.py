@@ -5,7 +5,9 @@ here (`time_blocks`, `time_curve`, `calibrate`), with the context length and
 the statistic named at each call, or read from a run's own forwards
 (`observed_curve`); a round drafting K tokens costs
 c·K + v(K+1) + o (`round_cost`) and emits E(K) tokens in expectation
-(`expected_emitted`, or `expected_tokens` from per-token estimates). The
+(`expected_emitted`, or `expected_tokens` from per-token estimates), so a
+round yields `round_rate` tokens per ms. The live forwards, drafts and rounds
+are timed on `clock_ms`; every running cost averages with `ewma`. The
 controller, the kernel probe, the bench's ceiling, sweep and projection and
 `speclm models compare` all read these.
 """
@@ -37,9 +39,21 @@ class Backend(Protocol):
     def batch_order(self, seqs: list[int]) -> list[int]: ...
 
 FILLER = 1  # the token a context of n filler tokens is made of
+EWMA_WEIGHT = 0.2  # the weight of a new observation in every running cost (CostModel, the SSD speculator)
 
 
 # ---- timing --------------------------------------------------------------------------
+def clock_ms() -> float:
+    """Now, in ms, on the monotonic clock that times every forward, draft and round
+    (the difference of two readings is a duration; a reading alone means nothing)."""
+    return time.perf_counter() * 1000.0
+
+
+def ewma(old: float | None, new: float, weight: float = EWMA_WEIGHT) -> float:
+    """A running cost after one more observation `new` (the observation itself when none yet)."""
+    return new if old is None else old + weight * (new - old)
+
+
 def time_blocks(backends: Sequence[Backend], context: list[int], block: list[int], sizes: Sequence[int],
                 repeats: int, say: Callable[[str], None] | None = None) -> list[dict[int, list[float]]]:
     """ms to score block[:b] after `context`, per backend and size b, `repeats` times,
@@ -60,9 +74,9 @@ def time_blocks(backends: Sequence[Backend], context: list[int], block: list[int
                 be.score(seq, block[:1])
                 be.rollback(seq, len(context))
                 for b in sizes:
-                    t0 = time.perf_counter()
+                    t0 = clock_ms()
                     be.score(seq, block[:b])
-                    times[i][b].append((time.perf_counter() - t0) * 1000)
+                    times[i][b].append(clock_ms() - t0)
                     be.rollback(seq, len(context))
             if say:
                 say(f"v(k) repeat {rep + 1}/{repeats} done")
@@ -103,7 +117,7 @@ class CostModel:
     verify_ms: dict[int, float] = field(default_factory=dict)
     draft_ms_per_token: float = 0.0
     other_ms: float = 0.5
-    weight: float = 0.2  # EWMA weight of a new observation
+    weight: float = EWMA_WEIGHT
     passes: Callable[[dict[int, int]], list[int]] | None = None  # None: one pass over every row
     order: Callable[[list[int]], list[int]] | None = None  # the backend's batch order (None: as given)
 
@@ -163,12 +177,10 @@ class CostModel:
     def observe(self, rec: RoundRecord) -> None:
         rows = rec.batch_passes or [rec.proposed + 1]
         if len(rows) == 1:  # a forward of several passes does not say what each cost
-            old = self.verify_ms.get(rows[0])
-            self.verify_ms[rows[0]] = rec.verify_ms if old is None else old + self.weight * (rec.verify_ms - old)
+            self.verify_ms[rows[0]] = ewma(self.verify_ms.get(rows[0]), rec.verify_ms, self.weight)
         if rec.proposed:
-            per_token = rec.draft_ms / rec.proposed
-            self.draft_ms_per_token += self.weight * (per_token - self.draft_ms_per_token)
-        self.other_ms += self.weight * (rec.other_ms - self.other_ms)
+            self.draft_ms_per_token = ewma(self.draft_ms_per_token, rec.draft_ms / rec.proposed, self.weight)
+        self.other_ms = ewma(self.other_ms, rec.other_ms, self.weight)
 
     def pricer(self, others: dict[int, int], seq: int, split: bool = False) -> Callable[[int], float]:
         """ms of the step as a function of the block b of sequence `seq` when the other
@@ -212,6 +224,27 @@ def calibrate(target: Backend, draft: Backend | None, max_block: int = TIMED_K +
 def round_cost(k: int, draft_ms_per_token: float, verify_ms: float, other_ms: float) -> float:
     """ms of a round drafting k tokens whose forward costs verify_ms: c·K + v(K+1) + o."""
     return draft_ms_per_token * k + verify_ms + other_ms
+
+
+def round_rate(emitted: float, k: int, cost: CostModel, verify_ms: float | None = None,
+               drafted: bool = False) -> float:
+    """Tokens per ms of a round that emits `emitted` tokens from a block of k drafted
+    tokens: emitted / (c·k + v(k+1) + o). verify_ms: what the round's forward costs
+    where it is shared or split (default cost.verify(k + 1)); drafted: the draft is
+    already paid for (a prefix cut from it costs no c)."""
+    v = cost.verify(k + 1) if verify_ms is None else verify_ms
+    return emitted / round_cost(k, 0.0 if drafted else cost.draft_ms_per_token, v, cost.other_ms)
+
+
+def best_rate(cost: CostModel, alpha: float, k_max: int) -> float:
+    """The best round_rate over K = 0..k_max at i.i.d. acceptance alpha."""
+    return max(round_rate(expected_emitted(alpha, k), k, cost) for k in range(k_max + 1))
+
+
+def net_tokens(emitted: int, verify_ms: float, plain_ms: float) -> float:
+    """What a verified round gained over plain decoding, in tokens: it emitted `emitted`
+    for a forward of verify_ms that plain decoding would have spent on verify_ms / plain_ms."""
+    return emitted - verify_ms / plain_ms
 
 
 def expected_emitted(alpha: float, k: int) -> float:

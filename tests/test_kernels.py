@@ -178,7 +178,7 @@ def test_decoding_is_scored_by_one_step_and_speculation_by_the_whole_curve():
     dear_blocks = {1: 90.0, 2: 180.0, 4: 360.0, 8: 720.0, 16: 1440.0}
     assert probe.goodput(dear_blocks, "decoding") > probe.goodput(cheap_blocks, "decoding")
     assert probe.goodput(cheap_blocks, "speculation") > 2 * probe.goodput(dear_blocks, "speculation")
-    assert probe.goodput(dear_blocks, "speculation") >= probe.goodput(dear_blocks, "decoding")  # K = 0 is a choice
+    assert probe.goodput(dear_blocks, "speculation") >= probe.goodput(dear_blocks, "decoding") * (1 - 1e-12)  # K = 0
 
 
 def test_a_configuration_must_beat_an_earlier_one_by_the_tie_margin(smol_path):

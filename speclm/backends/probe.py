@@ -270,22 +270,24 @@ WORKS = ("speculation", "decoding", "serving")  # what a process loads a model f
 
 
 def goodput(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
-    """Tokens per second the curve gives the work: 1000 / v(1) for decoding; for
-    speculation, the geometric mean over GOODPUT_ALPHAS of the best E(α, K) / v(K + 1);
+    """Tokens per second the curve gives the work, its rounds priced as the controller
+    prices them (costs.round_rate: E / (v(K + 1) + o)): one token a round at K = 0 for
+    decoding; for speculation, the geometric mean over GOODPUT_ALPHAS of the best rate
+    over K (costs.best_rate);
     for serving `streams` concurrent requests (streams > 1), the tokens per second they
     get together when each decodes one token a step, the step priced as the engine
     prices it (CostModel.groups: one forward, or the split it would run). A server is
     chosen for its full load: at 16 streams a step is compute-bound and K falls to 0."""
-    from ..costs import CostModel, expected_emitted
+    from ..costs import CostModel, best_rate, round_rate
     if not v_ms:
         return 0.0
-    if work == "decoding":
-        return 1000.0 / v_ms[min(v_ms)]
     cost = CostModel(verify_ms=dict(v_ms))
+    if work == "decoding":
+        return 1000.0 * round_rate(1.0, 0, cost)
     if work == "serving" and streams > 1:
         blocks = {seq: 1 for seq in range(streams)}
         return 1000.0 * streams / sum(cost.step({s: 1 for s in group}) for group in cost.groups(blocks))
-    best = [max(expected_emitted(a, k) / cost.verify(k + 1) for k in range(max(v_ms))) for a in GOODPUT_ALPHAS]
+    best = [best_rate(cost, a, max(v_ms) - 1) for a in GOODPUT_ALPHAS]
     return 1000.0 * float(np.exp(np.mean(np.log(best))))
 
 

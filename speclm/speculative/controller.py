@@ -42,7 +42,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..costs import CostModel, expected_emitted, expected_tokens, round_cost
+from ..costs import CostModel, expected_emitted, expected_tokens, net_tokens, round_rate
 from ..metrics import RoundRecord
 from .proposers.base import Draft
 
@@ -213,8 +213,11 @@ class GoodputController(Controller):
         self.step_ms = self.cost.pricer(self.shared_blocks, seq, split)
 
     def _step_rate(self, emitted: float, k: int) -> float:
-        return (self.shared_expected + emitted) / round_cost(k, self.cost.draft_ms_per_token, self.step_ms(k + 1),
-                                                             self.cost.other_ms)
+        return round_rate(self.shared_expected + emitted, k, self.cost, self.step_ms(k + 1))
+
+    def prefix_rate(self, emitted: float, m: int) -> float:
+        """Tokens per ms of the step when verifying m tokens of a draft already made."""
+        return round_rate(self.shared_expected + emitted, m, self.cost, self.step_ms(m + 1), drafted=True)
 
     def rate(self, k: int) -> float:
         """Expected emitted tokens per ms of the step when drafting k."""
@@ -298,7 +301,7 @@ class GoodputController(Controller):
         groups = draft_groups(len(conf), match_len, source, origins)
         cal = [self.calibration(c, g) for c, g in zip(conf, groups)]
         exp = expected_tokens(cal)
-        rates = [(self.shared_expected + exp[m]) / (self.step_ms(m + 1) + self.cost.other_ms) for m in range(len(exp))]
+        rates = [self.prefix_rate(exp[m], m) for m in range(len(exp))]
         best = max(range(len(rates)), key=rates.__getitem__)
         note = f"K={best} of {len(cal)} drafted: E={exp[best]:.2f} tokens, est {rates[best] / rates[0]:.2f}x of K=0"
         if probe := self._probe(best, len(cal)):
@@ -343,7 +346,8 @@ class GoodputController(Controller):
         # the verifier's a: a stop inside the round cuts delivered tokens, not acceptance
         a = getattr(rec, "verified", rec.accepted)
         if rec.proposed and self._source is not None:
-            self.calibration.record_net(self._source[0], a + 1 - self.step_ms(rec.proposed + 1) / self.step_ms(1))
+            self.calibration.record_net(self._source[0],
+                                        net_tokens(a + 1, self.step_ms(rec.proposed + 1), self.step_ms(1)))
         self._source = None
         seen = min(a + 1, rec.proposed, len(self._predicted))
         for j in range(seen):  # position j+1 was verified: accepted iff j < a

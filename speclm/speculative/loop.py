@@ -16,7 +16,6 @@ hands each request its rows through `Generation.complete(round, p, ...)`
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..constraints import GrammarMask
+from ..costs import clock_ms
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult, RoundRecord, TokenLogprob, summarize
 from ..sampling import Processors, SamplingParams, keyed_sample, sample, target_probs, token_logprob
@@ -183,7 +183,7 @@ class Generation:
         self.stops = StopChecker(target, params, eos_ids)
         self.rounds: list[RoundRecord] = []
         self.seq: int | None = None
-        self.t_start = time.perf_counter()
+        self.t_start = clock_ms()
         self.t_end: float | None = None
         self.prefill_ms = 0.0
         self.ttft_ms: float | None = None
@@ -198,7 +198,7 @@ class Generation:
     def begin(self, live: Sequence[int] = ()) -> None:
         """Take a KV sequence and let the proposer start; the prompt is not yet in the KV.
         live: running sequences of our cache scope whose KV may hold our prompt's start."""
-        self.t_begin = time.perf_counter()  # a scheduler may start us later than t_start
+        self.t_begin = clock_ms()  # a scheduler may start us later than t_start
         self.seq = self.target.new_sequence()
         self.kv_len = 0  # prompt tokens (context[:-1] at the start) in the KV so far
         self.prompt_end = len(self.context) - 1  # where prefill stops: later tokens enter the KV by rounds
@@ -230,7 +230,7 @@ class Generation:
                                      for row, t in zip(rows, nxt)]
         self.kv_len += n
         if not self.prefill_left:
-            self.prefill_ms = (time.perf_counter() - self.t_begin) * 1000
+            self.prefill_ms = clock_ms() - self.t_begin
 
     @property
     def noise_position(self) -> int:
@@ -253,7 +253,7 @@ class Generation:
         k_max = max(0, min(self.k, self.stops.remaining - 1, room - 1))
         self.controller.learn(self.context)
         k_r, note = self.controller.choose(k_max)
-        t0 = time.perf_counter()
+        t0 = clock_ms()
         d = draft(self.proposer, self.context, k_r, self.params, self.rng)
         info = self.proposer.round_info() if self.proposer is not None and k_r > 0 else None
         forced_at: list[int] = []
@@ -267,7 +267,7 @@ class Generation:
                 info = {**(info or {}), "drafted": len(d), "kept": kept, "choice": self.controller.prefix_note}
             d.truncate(kept)
             forced_at = [i for i in forced_at if i < kept]
-        return Round(d, [self.context[-1], *d.tokens], note, info, (time.perf_counter() - t0) * 1000,
+        return Round(d, [self.context[-1], *d.tokens], note, info, clock_ms() - t0,
                      tuple(forced_at))
 
     def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray]:
@@ -287,7 +287,7 @@ class Generation:
         True once the generation has finished. batch_passes: the rows of each pass of
         the whole forward when other requests shared it (verify_ms is its time)."""
         d, note, info, draft_ms = rnd.draft, rnd.note, rnd.info, rnd.draft_ms
-        t2 = time.perf_counter()
+        t2 = clock_ms()
         at = self.noise_position
         a = accept(d, p, self.params, self.rng, at)
         last = resample(p[a], d.q[a] if a < len(d) else None,
@@ -309,18 +309,18 @@ class Generation:
             raw = self._raw_rows
             self.logprobs += [token_logprob(raw[i], t, self.params.logprobs, self.target.token_bytes)
                               for i, t in enumerate(self.stops.token_ids[n_before:])]
-        t3 = time.perf_counter()
+        t3 = clock_ms()
         if self.ttft_ms is None:
-            self.ttft_ms = (t3 - self.t_start) * 1000
+            self.ttft_ms = t3 - self.t_start
         record = RoundRecord(proposed=len(d), accepted=min(a, delivered), discarded=a + 1 - delivered,
-                             draft_ms=draft_ms, verify_ms=verify_ms, other_ms=(t3 - t2) * 1000, note=note,
-                             info=info, batch_passes=batch_passes, at_ms=(t3 - self.t_start) * 1000)
+                             draft_ms=draft_ms, verify_ms=verify_ms, other_ms=t3 - t2, note=note,
+                             info=info, batch_passes=batch_passes, at_ms=t3 - self.t_start)
         self.rounds.append(record)
         self.controller.observe(record)
         return self._done() if self.finished else False
 
     def _done(self) -> bool:
-        self.t_end = self.t_end or time.perf_counter()
+        self.t_end = self.t_end or clock_ms()
         self.close()
         return True
 
@@ -341,14 +341,14 @@ class Generation:
         self.controller.learn(self.context)
 
     def result(self) -> GenerationResult:
-        end = self.t_end or time.perf_counter()
-        wall_ms = (end - self.t_start) * 1000
+        end = self.t_end or clock_ms()
+        wall_ms = end - self.t_start
         s = self.stops
         return GenerationResult(
             text=s.text, token_ids=list(s.token_ids), finish_reason=s.finished or "cancelled",
             prompt_tokens=len(self.prompt_ids), method=self.method, k=self.k, rounds=list(self.rounds),
             summary=summarize(self.rounds, len(s.token_ids), wall_ms, self.ttft_ms, self.prefill_ms,
-                              (self.t_begin - self.t_start) * 1000),
+                              self.t_begin - self.t_start),
             target=self.target.name, draft=None if self.proposer is None else self.proposer.name,
             cached_prompt_tokens=self.cached_tokens, logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
             prediction=None if self.prediction is None else prediction_counts(self.prediction, s.token_ids),

@@ -101,7 +101,7 @@ class RunLengthController(GoodputController):
         exp = [1.0]
         for s in surv:
             exp.append(exp[-1] + s)
-        rates = [(self.shared_expected + exp[m]) / (self.step_ms(m + 1) + self.cost.other_ms) for m in range(len(exp))]
+        rates = [self.prefix_rate(exp[m], m) for m in range(len(exp))]
         best = max(range(len(rates)), key=rates.__getitem__)
         note = f"K={best} of {len(conf)} drafted: E={exp[best]:.2f} tokens (runs), est {rates[best] / rates[0]:.2f}x"
         if probe := self._probe(best, len(conf)):

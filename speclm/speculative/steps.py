@@ -28,14 +28,13 @@ drafts do not slow the prefill (and the first token) of waiting requests.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..backends.base import Backend
-from ..costs import CostModel
+from ..costs import CostModel, clock_ms
 from ..metrics import GenerationResult
 from ..prefix_cache import MIN_REUSE, common_prefix
 from ..sampling import SamplingParams
@@ -176,14 +175,14 @@ def run_step(target: Backend, slots: list[Slot], costs: CostModel | None = None)
 
 
 def _run_forward(target: Backend, group: list[Slot]) -> None:
-    t0 = time.perf_counter()
+    t0 = clock_ms()
     try:
         dists = score(target, [(s.gen, s.tokens, s.round is not None) for s in group])
     except Exception as exc:  # noqa: BLE001  (every request in the forward fails)
         for s in group:
             s.error = exc
         return
-    ms = (time.perf_counter() - t0) * 1000
+    ms = clock_ms() - t0
     passes = target.pass_rows({s.gen.seq: len(s.tokens) for s in group})
     for s, p in zip(group, dists):
         try:

@@ -21,12 +21,12 @@ session never takes more than its share of the backend's KV sequences
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...backends.base import Backend
+from ...costs import clock_ms, ewma
 from ...sampling import SamplingParams, draw, softmax, target_probs
 from ..proposers.draft_model import common_prefix_len, confidence_stop
 from ..proposers.ngram import find_continuation
@@ -104,9 +104,9 @@ class SpeculatorSession:
             return self.sync(self.ctx + self.block[:k] + [t])  # a malformed outcome: be safe
         self.alpha.observe(self.block_from_hit, k, len(self.block))
         if self.t_reply is not None:
-            c = (time.perf_counter() - self.t_reply) * 1000
-            self.cycle_ms = c if self.cycle_ms is None else 0.7 * self.cycle_ms + 0.3 * c
-        idle_ms = (time.perf_counter() - self.t_work_done) * 1000 if self.t_work_done else 0.0
+            c = clock_ms() - self.t_reply
+            self.cycle_ms = ewma(self.cycle_ms, c)
+        idle_ms = clock_ms() - self.t_work_done if self.t_work_done else 0.0
         info = {"outcome_k": k, "fanout": len(self.branches), "forwards": self.depth,
                 "busy_ms": self.busy_ms, "idle_ms": idle_ms}
         new_ctx = self.ctx + self.block[:k] + [t]
@@ -126,7 +126,7 @@ class SpeculatorSession:
         return self._handed(block)
 
     def _handed(self, block: Block) -> Block:
-        self.t_reply = time.perf_counter()
+        self.t_reply = clock_ms()
         return block
 
     def close(self) -> None:
@@ -140,7 +140,7 @@ class SpeculatorSession:
         """One unit of pre-drafting; False once there is nothing left to do."""
         if self.stage in ("idle", "done"):
             return False
-        t0 = time.perf_counter()
+        t0 = clock_ms()
         if self.stage == "glue":
             self._glue()
             self.stage = "plan"
@@ -150,10 +150,10 @@ class SpeculatorSession:
         elif self._out_of_time() or not self._draft_step():
             self.stage = "done"
         else:
-            ms = (time.perf_counter() - t0) * 1000
-            self.step_ms = ms if self.step_ms is None else 0.7 * self.step_ms + 0.3 * ms
-        t1 = time.perf_counter()
-        self.busy_ms += (t1 - t0) * 1000
+            ms = clock_ms() - t0
+            self.step_ms = ewma(self.step_ms, ms)
+        t1 = clock_ms()
+        self.busy_ms += t1 - t0
         if self.stage == "done":
             self.t_work_done = t1
         return self.stage != "done"
@@ -166,7 +166,7 @@ class SpeculatorSession:
             return False
         if not any(len(b.tokens) >= b.want for b in self.branches.values()):
             return False
-        return (time.perf_counter() - self.t_reply) * 1000 + self.step_ms > self.cycle_ms
+        return clock_ms() - self.t_reply + self.step_ms > self.cycle_ms
 
     def _glue(self) -> None:
         """Feed the block's unfed tail so logits are known after every block prefix."""
