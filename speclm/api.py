@@ -245,10 +245,18 @@ class LLM:
                 self._costs[(proposal, scope)] = base.copy()
             return self._costs[(proposal, scope)]
 
+    def _known_curve(self) -> dict[int, float] | None:
+        """The target's v(b) already timed on this machine for this file and thread count:
+        the kernel probe's curve of the configuration it was loaded with (None: time it)."""
+        choice = self.target.kernel_choice
+        return choice.curve(self.target.n_threads) if choice is not None else None
+
     def measure_costs(self, proposal: str | None, k: int = MAX_K) -> CostModel:
-        """Time the target's blocks of up to min(k, TIMED_K) + 1 tokens (and the draft's step when
-        `proposal` drafts with the draft model), once per LLM and proposal; later calls return
-        that measurement (never updated: each scope learns on its own copy, `cost_model`).
+        """The costs `proposal` starts from, once per LLM and proposal: the target's v(b) from
+        the kernel probe's curve for this file, machine and thread count where it has one
+        (`_known_curve`), else timed for blocks of up to min(k, TIMED_K) + 1 tokens; and the
+        draft's step when `proposal` drafts with the draft model. Later calls return that
+        (never updated: each scope learns on its own copy, `cost_model`).
         Timing takes a free KV sequence under backend_lock, so it never runs alongside
         another thread's forwards; BusyError when every sequence is held by requests
         (a server measures every proposal it may use before it takes any)."""
@@ -262,7 +270,8 @@ class LLM:
                             raise BusyError(f"all {backend.max_sequences} KV sequences of {backend.name} are in "
                                             f"use, and measuring the costs of {proposal or 'decoding'} needs one: "
                                             "retry when a request has finished")
-                    self._measured[proposal] = calibrate(self.target, draft, max_block=min(k, TIMED_K) + 1)
+                    self._measured[proposal] = calibrate(self.target, draft, max_block=min(k, TIMED_K) + 1,
+                                                         known=self._known_curve())
             return self._measured[proposal]
 
     def start(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,

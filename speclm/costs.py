@@ -210,12 +210,16 @@ TIMED_K = 16  # the largest K whose block (K + 1 rows) calibrate() times: longer
 
 def calibrate(target: Backend, draft: Backend | None, max_block: int = TIMED_K + 1, repeats: int = 2,
               blocks: Sequence[int] | None = None, context: int = 64,
-              statistic: Callable[[list[float]], float] = min) -> CostModel:
+              statistic: Callable[[list[float]], float] = min,
+              known: dict[int, float] | None = None) -> CostModel:
     """A CostModel seeded by timing the target's blocks of 1..max_block tokens (or the
-    sizes in `blocks`) after `context` filler tokens, and the draft's single steps."""
+    sizes in `blocks`) after `context` filler tokens, and the draft's single steps.
+    known: the target's v(b), already timed this way on this machine (the kernel
+    probe's curve): then only the draft is timed, and the sizes between the known
+    ones are interpolated (CostModel.verify) until the requests' own forwards refine them."""
     cost = CostModel(passes=target.pass_rows, order=target.batch_order)
     sizes = list(blocks) if blocks else list(range(1, max(1, min(max_block, target.n_ctx // 2)) + 1))
-    cost.verify_ms = time_curve(target, sizes, context, repeats, statistic)
+    cost.verify_ms = dict(known) if known else time_curve(target, sizes, context, repeats, statistic)
     if draft is not None:
         cost.draft_ms_per_token = time_curve(draft, [1], context, repeats=4)[1]
     return cost

@@ -95,9 +95,48 @@ def test_verdicts_are_cached_and_a_changed_machine_key_probes_again(verdicts, sm
     assert len(json.loads(verdicts.read_text())) == 2  # one entry per machine key
 
 
+def test_a_curve_timed_at_one_thread_count_is_not_taken_for_another(verdicts, smol_path, monkeypatch):
+    calls: list[tuple[str, int]] = []
+    real = probe._run_child
+    monkeypatch.setattr(probe, "_run_child",
+                        lambda config, path, out, threads, timed: calls.append((config.name, threads))
+                        or real(config, path, out, threads, timed))
+    two = choose(smol_path, "plain")
+    one = probe.choose_kernels(smol_path, "plain", threads=1, say=[].append, apply=False)
+    assert sorted(calls) == [("plain", 1), ("plain", 2), ("plain+tiled", 1), ("plain+tiled", 2)]
+    assert {v.threads for v in two.verdicts.values()} == {2} and {v.threads for v in one.verdicts.values()} == {1}
+    assert two.curve(2) == two.v_ms and two.curve(1) is None and one.curve(1) == one.v_ms
+    calls.clear()
+    choose(smol_path, "plain")
+    probe.choose_kernels(smol_path, "plain", threads=1, say=[].append, apply=False)
+    assert calls == [], "each thread count keeps its own verdicts"
+    probe.forget(smol_path)
+    choose(smol_path, "plain")
+    assert sorted(calls) == [("plain", 2), ("plain+tiled", 2)], "forgetting a model forgets every thread count"
+
+
+def test_the_first_speculating_request_starts_from_the_probes_curve(smollm, monkeypatch):
+    """No second timing of v(b) where the probe timed it for this file, machine and threads;
+    the draft-free proposals share it, and a model without such a curve is timed as before."""
+    from speclm import LLM, costs
+    target = smollm.target
+    curve = target.kernel_choice.curve(target.n_threads)
+    assert curve and set(curve) == set(probe.TIMED_BLOCKS)
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("v(b) timed again")
+    monkeypatch.setattr(costs, "time_curve", no_timing)
+    llm = LLM(target=target)
+    for proposal in ("suffix", None):
+        assert llm.measure_costs(proposal, 16).verify_ms == curve
+    monkeypatch.setattr(target, "kernel_choice", None)  # as a backend the probe never timed
+    with pytest.raises(AssertionError, match="timed again"):
+        LLM(target=target).measure_costs("suffix", 16)
+
+
 def test_a_configuration_checked_only_as_the_small_models_screen_is_timed_when_that_model_loads(verdicts,
                                                                                                 smol_path):
-    probe._record(smol_path, {"repack": probe.Verdict("repack", "ok")})  # what a larger model's screen leaves
+    probe._record(smol_path, 2, {"repack": probe.Verdict("repack", "ok")})  # what a larger model's screen leaves
     choice = choose(smol_path, "repack")
     assert choice.verdicts["repack"].v_ms and set(choice.verdicts["repack"].v_ms) == set(probe.TIMED_BLOCKS)
 

@@ -8,8 +8,10 @@ for that model on this machine. A configuration that fails on the small model
 is not tried on a larger one. The children of usable configurations also time
 v(b) for TIMED_BLOCKS with the controller's own `calibrate`. Verdicts are
 cached in the speclm cache directory under a key of the CPU and the llama.cpp
-build (a rebuilt llama-cpp-python or another CPU probes again) and the model
-file. docs/kernels.md explains the rules.
+build (a rebuilt llama-cpp-python or another CPU probes again), the model
+file and the thread count. The chosen configuration's curve also seeds the
+costs a speculating LLM starts from (`KernelChoice.curve`). docs/kernels.md
+explains the rules.
 """
 
 from __future__ import annotations
@@ -93,6 +95,12 @@ class KernelChoice:
     def v_ms(self) -> dict[int, float]:
         return self.verdicts[self.name].v_ms if self.name in self.verdicts else {}
 
+    def curve(self, threads: int) -> dict[int, float] | None:
+        """The chosen configuration's v(b) as the probe timed it (costs.calibrate's way: min
+        of 2 after PROBE_CONTEXT tokens), if timed with `threads` threads; else None."""
+        verdict = self.verdicts.get(self.name)
+        return dict(verdict.v_ms) if verdict is not None and verdict.v_ms and verdict.threads == threads else None
+
     def to_dict(self) -> dict:
         return {"kernels": self.name, "request": self.request, "reason": self.reason,
                 "verdicts": {n: v.describe() for n, v in self.verdicts.items()},
@@ -111,16 +119,17 @@ def machine_key() -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def model_key(path: Path) -> str:
+def model_key(path: Path, threads: int) -> str:
     """The file by its content (its size, first 4 MiB and last 1 MiB: the header, the
-    tensor types and the head), so a copy shares its verdicts and a re-quantisation does not."""
+    tensor types and the head), so a copy shares its verdicts and a re-quantisation does not;
+    and the thread count, which the timings (and a crash that needs threads) depend on."""
     size = path.stat().st_size
     h = hashlib.sha256(str(size).encode())
     with open(path, "rb") as fh:
         h.update(fh.read(4 << 20))
         fh.seek(max(0, size - (1 << 20)))
         h.update(fh.read())
-    return f"{path.name}|{h.hexdigest()[:16]}"
+    return f"{path.name}|{h.hexdigest()[:16]}|{threads} threads"
 
 
 def cache_path() -> Path:
@@ -148,29 +157,31 @@ def _locked_cache():
         os.replace(tmp, path)
 
 
-def cached_verdicts(path: Path) -> dict[str, Verdict]:
-    """The verdicts on record for this model on this machine and build."""
+def cached_verdicts(path: Path, threads: int) -> dict[str, Verdict]:
+    """The verdicts on record for this model on this machine and build at `threads` threads."""
     with _locked_cache() as data:
-        entry = data.get(machine_key(), {}).get("models", {}).get(model_key(path), {})
+        entry = data.get(machine_key(), {}).get("models", {}).get(model_key(path, threads), {})
     return {n: Verdict.from_dict(v) for n, v in entry.items()}
 
 
 def forget(path: Path | None = None) -> None:
-    """Drop this machine's verdicts (for one model, or all): the next load probes again."""
+    """Drop this machine's verdicts (for one model at every thread count, or all): the next
+    load probes again."""
     with _locked_cache() as data:
         machine = data.get(machine_key())
         if machine is not None:
             if path is None:
                 machine["models"] = {}
             else:
-                machine.get("models", {}).pop(model_key(path), None)
+                mine = model_key(path, 1).rpartition("|")[0] + "|"
+                machine["models"] = {k: v for k, v in machine.get("models", {}).items() if not k.startswith(mine)}
 
 
-def _record(path: Path, verdicts: dict[str, Verdict]) -> None:
+def _record(path: Path, threads: int, verdicts: dict[str, Verdict]) -> None:
     with _locked_cache() as data:
         machine = data.setdefault(machine_key(), {"cpu": cpu_model(), "system_info": K.build_info().system_info,
                                                   "models": {}})
-        machine["models"].setdefault(model_key(path), {}).update({n: asdict(v) for n, v in verdicts.items()})
+        machine["models"].setdefault(model_key(path, threads), {}).update({n: asdict(v) for n, v in verdicts.items()})
 
 
 # ---- probing ----------------------------------------------------------------------------
@@ -324,7 +335,7 @@ def choose_kernels(path: Path, request: str | None = None, threads: int | None =
         raise InvalidRequestError(f"kernels {request}: {why}; use --kernels auto (or {K.KERNELS_ENV}=auto)")
     threads = threads or os.cpu_count() or 1
     wanted = [c for c in build.configs() if K.matches(request, c)]
-    verdicts = cached_verdicts(path)
+    verdicts = cached_verdicts(path, threads)
     missing = [c for c in wanted if c.name not in verdicts  # or checked only as the small model's screen:
                or (verdicts[c.name].usable and not verdicts[c.name].v_ms)]  # it is timed now
     if missing:
@@ -348,7 +359,7 @@ def _probe_missing(path: Path, missing: list[K.KernelConfig], threads: int, say)
         for config in missing:
             if config.name not in found:
                 found[config.name] = prober.run(config, timed=True)
-    _record(path, found)
+    _record(path, threads, found)
     bad = [f"{n}: {v.describe()}" for n, v in found.items() if not v.usable]
     say(f"kernels probed in {time.perf_counter() - t0:.0f} s; "
         + (f"disabled {'; '.join(bad)}" if bad else "every configuration works"))
@@ -361,11 +372,11 @@ def _screen(path: Path, configs: list[K.KernelConfig], threads: int, scratch: Pa
     small = _small_model_path(path)
     if small is None or not configs:
         return {}
-    verdicts = cached_verdicts(small)
+    verdicts = cached_verdicts(small, threads)
     todo = [c for c in configs if c.name not in verdicts]
     if todo:
         verdicts.update(Prober(small, threads, scratch).probe(todo, timed=False))
-        _record(small, {c.name: verdicts[c.name] for c in todo})
+        _record(small, threads, {c.name: verdicts[c.name] for c in todo})
     return {c.name: Verdict(c.name, "skipped", f"{verdicts[c.name].describe()} on {small.name}",
                             probed_at=verdicts[c.name].probed_at)
             for c in configs if not verdicts[c.name].usable}
