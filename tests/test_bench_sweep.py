@@ -15,7 +15,6 @@ import pytest
 
 from speclm.commands import bench as bench_cli
 from speclm.bench.run import models as bench_models
-from speclm.bench.setup import plan as bench_plan
 from speclm.bench.output.results import table_rows
 from speclm.errors import InvalidRequestError, ModelError
 from speclm.models import variants
@@ -38,7 +37,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def cache(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECLM_CACHE_DIR", str(prepared))
-    monkeypatch.setattr(bench_plan, "QUALITY_TEXTS", 1)  # ppl_text + one HumanEval problem: enough here
+    monkeypatch.setattr(bench_models, "QUALITY_TEXTS", 1)  # ppl_text + one HumanEval problem: enough here
     return prepared
 
 
@@ -56,7 +55,7 @@ def swept(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECLM_CACHE_DIR", str(prepared))
         mp.setenv("COLUMNS", "200")
-        mp.setattr(bench_plan, "QUALITY_TEXTS", 1)
+        mp.setattr(bench_models, "QUALITY_TEXTS", 1)
         assert bench("--targets", f"{SMOL},{Q8}", "--drafts", f"{SMOL},{Q8}", "--variant-quality",
                      *FAST, "--out", str(out)) == 0
     return out

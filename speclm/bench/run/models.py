@@ -4,9 +4,11 @@ each model's line for the variants section (file, size, sha256, quality, v(b)).
 Models by name: the drafts load first and stay loaded for the whole run; each
 target then loads in turn, gets one LLM per draft over the same loaded target,
 and is closed after its turn. An LLM already built is one turn, on its own
-target and draft, and nothing is closed. v(b) is timed after the target's
-requests (the model is warm; speclm.costs.time_blocks, median of V_REPEATS) on
-the quality text set, or on the run's prompts where there is none.
+target and draft, and nothing is closed. Models by name are tokenized on the quality text set
+(analysis/quality.py: the sections of ppl_text.txt, with --variant-quality also
+QUALITY_TEXTS HumanEval problems, scored for perplexity and agreement). v(b) is
+timed after the target's requests (the model is warm; speclm.costs.time_blocks,
+median of V_REPEATS) on that text set, or on the run's prompts where there is none.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from ...api import LLM
 from ...backends.base import Backend
 from ...backends.load import load_backend
 from ...costs import time_blocks
+from ...errors import InvalidRequestError
 from ..analysis import quality
 from ..analysis.variants import V_KS, V_REPEATS
 from ..setup.plan import BenchPlan, ModelNames
 from .manifest import describe_model
+
+QUALITY_TEXTS = 8  # HumanEval problems added to the perplexity text set (as `speclm models compare`)
 
 
 @dataclass
@@ -39,10 +44,12 @@ class Turn:
 
 @dataclass
 class Models:
-    """What the run stage learns of its models: describe_model dicts for the manifest
+    """What the run stage learns of its models: the text set they were tokenized on,
+    describe_model dicts for the manifest
     (`described_targets`, `described_drafts`) and the variants section's lines (`targets`
     in run order, `drafts` by name), and the threads llama.cpp computes with."""
 
+    texts: list[tuple[str, str]] = field(default_factory=list)  # the quality text set: (label, text)
     described_targets: list[dict] = field(default_factory=list)
     described_drafts: list[dict] = field(default_factory=list)
     targets: list[dict] = field(default_factory=list)
@@ -64,8 +71,16 @@ def time_v(backend: Backend, tokens: Sequence[Sequence[int]]) -> dict:
     return quality.v_summary(time_blocks([backend], context, block, V_KS, V_REPEATS)[0])
 
 
+def text_set(plan: BenchPlan, names: ModelNames) -> list[tuple[str, str]]:
+    """The quality text set of a run on models by name, checked to fit their context."""
+    if plan.variant_quality and names.n_ctx < quality.N_CTX:
+        raise InvalidRequestError(f"--variant-quality scores texts of up to {quality.N_CTX} tokens: "
+                                  f"raise --n-ctx to {quality.N_CTX} or more")
+    return quality.load_texts(QUALITY_TEXTS if plan.variant_quality else 0)
+
+
 def _turns_by_name(plan: BenchPlan, names: ModelNames, models: Models) -> Iterator[Turn]:
-    texts, cfg, kv = plan.texts, plan.cfg, plan.cfg.prefix_cache_tokens
+    texts, kv = models.texts, plan.cfg.prefix_cache_tokens
     drafts: dict[str, tuple[Backend, quality.Quality]] = {}
     try:
         for name in names.drafts:
@@ -123,9 +138,9 @@ def _turn_given(plan: BenchPlan, llm: LLM, models: Models) -> Iterator[Turn]:
 def turns(plan: BenchPlan) -> Iterator[tuple[Iterator[Turn], Models]]:
     """(each target's turn, in run order; what they taught of the models). Models by name
     are closed when the block ends, however it ends."""
-    models = Models()
-    it = (_turns_by_name(plan, plan.models, models) if isinstance(plan.models, ModelNames)
-          else _turn_given(plan, plan.models, models))
+    by_name = isinstance(plan.models, ModelNames)
+    models = Models(text_set(plan, plan.models) if by_name else [])
+    it = _turns_by_name(plan, plan.models, models) if by_name else _turn_given(plan, plan.models, models)
     try:
         yield it, models
     finally:

@@ -28,7 +28,7 @@ from ...costs import time_curve
 from ..analysis import ceiling
 from ..setup.config import make_arms
 from ..setup.plan import BenchPlan
-from .models import Models, finish_turn, turns
+from .models import Models, Turn, finish_turn, turns
 from .sequential import BenchRun, encode_prompts, run_bench
 from .trace import TraceSink
 
@@ -93,28 +93,35 @@ def ceiling_input(llm: LLM, plan: BenchPlan, requests: Sequence[dict],
                                 {t: llm.target.token_bytes(t) for t in tokens})
 
 
+def run_turn(turn: Turn, plan: BenchPlan, models: Models, sink: TraceSink, bars: ProgressBars,
+             first_id: int) -> tuple[BenchRun, ceiling.CeilingInput | None]:
+    """One target's requests (ids counting on from first_id), then, while it is warm, its
+    v(b) (into `models`) and its copy-ceiling input (None when none is planned)."""
+    run = run_bench(turn.llm, plan.prompts, plan.cfg, sink, bars.on_request, bars.on_concurrency,
+                    arms=make_arms(plan.cfg, turn.llm, turn.drafts), meta=turn.meta, first_id=first_id)
+    if plan.target_count > 1:
+        run.warnings = [f"{turn.meta['target_name']}: {w}" for w in run.warnings]
+    encoded = encode_prompts(turn.llm, plan.prompts, max(plan.cfg.max_new_tokens))
+    finish_turn(turn, models, encoded)
+    found = ceiling_input(turn.llm, plan, run.requests, encoded) if plan.ceiling_methods else None
+    return run, found
+
+
 def run_plan(plan: BenchPlan, out_dir: Path, *, progress: bool = True) -> Measured:
     """Measure `plan`: its requests stream to out_dir's traces (trace.py); what the trust checks
     saw is appended to plan.cfg.observed. Models by name are closed when it returns."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    started, load_before = time.time(), os.getloadavg()
-    sink, bars = TraceSink(out_dir), ProgressBars(progress, *plan.planned())
     runs: list[BenchRun] = []
     ceilings: list[ceiling.CeilingInput] = []
-    try:
-        with turns(plan) as (each, models):
+    with turns(plan) as (each, models):  # its text set is checked before anything is written or loaded
+        out_dir.mkdir(parents=True, exist_ok=True)
+        started, load_before = time.time(), os.getloadavg()
+        sink, bars = TraceSink(out_dir), ProgressBars(progress, *plan.planned())
+        try:
             for turn in each:
-                run = run_bench(turn.llm, plan.prompts, plan.cfg, sink, bars.on_request, bars.on_concurrency,
-                                arms=make_arms(plan.cfg, turn.llm, turn.drafts), meta=turn.meta,
-                                first_id=sum(len(r.requests) for r in runs))
-                if plan.target_count > 1:
-                    run.warnings = [f"{turn.meta['target_name']}: {w}" for w in run.warnings]
+                run, found = run_turn(turn, plan, models, sink, bars, sum(len(r.requests) for r in runs))
                 runs.append(run)
-                encoded = encode_prompts(turn.llm, plan.prompts, max(plan.cfg.max_new_tokens))
-                finish_turn(turn, models, encoded)  # after its requests: the model is warm
-                if plan.ceiling_methods and (found := ceiling_input(turn.llm, plan, run.requests, encoded)):
-                    ceilings.append(found)
-    finally:
-        bars.stop()
-        sink.close()
+                ceilings += [found] if found else []
+        finally:
+            bars.stop()
+            sink.close()
     return Measured(merge_runs(runs, load_before, started), models, ceilings)

@@ -1,8 +1,8 @@
 """The plan stage: what one bench run will do, decided and checked before any model loads.
 
 A `BenchPlan` holds the prompts, the sweep (`BenchConfig`), the models and how
-to load them, and what the run adds beside the requests: the quality text set
-and the methods the copy ceiling is set beside. The models are names
+to load them, and what the run adds beside the requests: whether it measures
+the models' quality, and the methods the copy ceiling is set beside. The models are names
 (`ModelNames`: `speclm bench`, each target loaded in turn) or an `LLM` already
 built (tests, notebooks: its target and draft are the run's models and stay
 open). Either way the run then goes through the same stages
@@ -19,11 +19,9 @@ from ...errors import InvalidRequestError
 from ...models.catalog import resolve_model
 from ...models.registry import DEFAULT_TARGET, default_draft
 from ...speculative.methods import METHODS as TABLE
-from ..analysis import quality
 from .config import BenchConfig
 from .workloads import Prompt
 
-QUALITY_TEXTS = 8  # HumanEval problems added to the perplexity text set (as `speclm models compare`)
 N_CTX = 4096  # the context each loaded model gets unless --n-ctx says otherwise
 
 
@@ -75,16 +73,15 @@ def suffix_configs(cfg: BenchConfig) -> tuple[list[str], int]:
 
 @dataclass
 class BenchPlan:
-    """One bench run, planned. `texts`: the quality text set (label, text) every model is
-    tokenized on (its v(b) is timed on the first long enough text); `ceiling_methods` and
-    `ceiling_k`: the copy ceiling's methods and largest K (none: no ceiling)."""
+    """One bench run, planned. `variant_quality`: also the perplexity of every model and
+    greedy agreement with the first target; `ceiling_methods` and `ceiling_k`: the copy
+    ceiling's methods and largest K (none: no ceiling)."""
 
     prompts: list[Prompt]
     cfg: BenchConfig
     models: ModelNames | LLM
     dataset: str | None = None
     variant_quality: bool = False
-    texts: list[tuple[str, str]] = field(default_factory=list)
     ceiling_methods: list[str] = field(default_factory=list)
     ceiling_k: int = 0
 
@@ -113,15 +110,10 @@ class BenchPlan:
 def plan_bench(prompts: list[Prompt], cfg: BenchConfig, models: ModelNames | LLM, *, dataset: str | None = None,
                variant_quality: bool = False) -> BenchPlan:
     """The plan of a run over `models`: names (loaded in turn) or an LLM already built.
-    variant_quality: also the perplexity of every model and greedy agreement with the first
-    target (models by name only)."""
+    variant_quality: models by name only (the run stage checks their context fits the text set)."""
     if not prompts:
         raise InvalidRequestError("no prompts to benchmark: check --categories / --dataset")
     if variant_quality and not isinstance(models, ModelNames):
         raise InvalidRequestError("--variant-quality needs the models by name")
-    if variant_quality and models.n_ctx < quality.N_CTX:
-        raise InvalidRequestError(f"--variant-quality scores texts of up to {quality.N_CTX} tokens: "
-                                  f"raise --n-ctx to {quality.N_CTX} or more")
-    texts = quality.load_texts(QUALITY_TEXTS if variant_quality else 0) if isinstance(models, ModelNames) else []
     methods, k = suffix_configs(cfg)
-    return BenchPlan(list(prompts), cfg, models, dataset, variant_quality, texts, methods, k)
+    return BenchPlan(list(prompts), cfg, models, dataset, variant_quality, methods, k)
