@@ -297,7 +297,7 @@ def test_the_cli_and_a_built_llm_run_the_same_pipeline_with_every_stage(tmp_path
     from speclm.bench.setup import plan as bench_plan
 
     real, seen = pipeline.run_pipeline, []
-    assert run_pipeline is real  # the function this module's runs call
+    assert bench_cli.run_pipeline is real and run_pipeline is real  # what the CLI and this module's runs call
 
     def spy(plan, out_dir, **kw):
         seen.append(type(plan.models).__name__)
@@ -307,7 +307,7 @@ def test_the_cli_and_a_built_llm_run_the_same_pipeline_with_every_stage(tmp_path
         backend = ToyBackend(6, seed=4, n_ctx=256, name=name)
         backend.n_threads = 1
         return backend
-    monkeypatch.setattr(pipeline, "run_pipeline", spy)
+    monkeypatch.setattr(bench_cli, "run_pipeline", spy)
     monkeypatch.setattr(bench_plan, "resolve_model", lambda name: None)
     monkeypatch.setattr(bench_models, "load_backend", toy)
     monkeypatch.setattr(bench_models.quality, "load_texts", lambda n: [("toy text", "abcdef" * 20)])  # toy's alphabet
@@ -316,8 +316,7 @@ def test_the_cli_and_a_built_llm_run_the_same_pipeline_with_every_stage(tmp_path
                                 "--k", "3", "--max-new-tokens", "12", "--no-wait-quiet", "--out", str(tmp_path / "cli")])
     assert args.func(args) == 0
     cfg = BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[12])
-    pipeline.run_pipeline(plan_bench(workloads.load_dataset(data), cfg, LLM(target=toy("toy"))), tmp_path / "lib",
-                          progress=False)
+    spy(plan_bench(workloads.load_dataset(data), cfg, LLM(target=toy("toy"))), tmp_path / "lib", progress=False)
     assert seen == ["ModelNames", "LLM"]
     for out in (tmp_path / "cli", tmp_path / "lib"):
         summary = json.loads((out / "summary.json").read_text())

@@ -28,7 +28,7 @@ from rich.table import Table
 from ..backends.load import LoadConfig
 from ..bench.analysis.replays import COSTS
 from ..bench.output.sections import print_sections
-from ..bench import pipeline
+from ..bench.pipeline import run_pipeline
 from ..bench.setup.plan import plan_bench, plan_models
 from ..bench.setup.config import BenchConfig
 from ..bench.setup.workloads import WorkloadConfig
@@ -158,7 +158,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if warning:
         err.print(f"[bold red]WARNING:[/] {escape(warning)}")
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
-    out = pipeline.run_pipeline(plan, out_dir, progress=True)
+    out = run_pipeline(plan, out_dir, progress=True)
     print_sections(out["sections"])
     print(f"report: {out['report']}")
     return 0
