@@ -3,12 +3,13 @@ each model's line for the variants section (file, size, sha256, quality, v(b)).
 
 Models by name: the drafts load first and stay loaded for the whole run; each
 target then loads in turn, gets one LLM per draft over the same loaded target,
-and is closed after its turn. An LLM already built is one turn, on its own
-target and draft, and nothing is closed. Models by name are tokenized on the quality text set
-(analysis/quality.py: the sections of ppl_text.txt, with --variant-quality also
-QUALITY_TEXTS HumanEval problems, scored for perplexity and agreement). v(b) is
-timed after the target's requests (the model is warm; speclm.costs.time_blocks,
-median of V_REPEATS) on that text set, or on the run's prompts where there is none.
+and is closed after its turn. They are tokenized on the quality text set
+(analysis/quality.py: the sections of ppl_text.txt; with --variant-quality also
+QUALITY_TEXTS HumanEval problems, scored for perplexity and agreement). An LLM
+already built is one turn, on its own target and draft, and nothing is closed.
+v(b) is timed after the target's requests (the model is warm;
+speclm.costs.time_blocks, median of V_REPEATS) on the text set, or on the run's
+prompts where there is none.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ QUALITY_TEXTS = 8  # HumanEval problems added to the perplexity text set (as `sp
 
 @dataclass
 class Turn:
-    """One target's part of the run: its LLM, the LLMs of its drafts ({name: (LLM, record
-    meta)}), the meta every record gets, and its quality pass (tokens of the text set)."""
+    """One target's part of the run: its describe_model dict, its LLM, the LLMs of its drafts
+    ({name: (LLM, record meta)}), the meta every record gets, and its quality pass (None
+    without a text set)."""
 
-    described: dict  # describe_model's
+    described: dict
     llm: LLM
     drafts: dict[str, tuple[LLM, dict]]
     meta: dict
@@ -45,9 +47,9 @@ class Turn:
 @dataclass
 class Models:
     """What the run stage learns of its models: the text set they were tokenized on,
-    describe_model dicts for the manifest
-    (`described_targets`, `described_drafts`) and the variants section's lines (`targets`
-    in run order, `drafts` by name), and the threads llama.cpp computes with."""
+    describe_model dicts for the manifest (`described_targets`, `described_drafts`), the
+    variants section's lines (`targets` in run order, `drafts` by name) and the threads
+    llama.cpp computes with."""
 
     texts: list[tuple[str, str]] = field(default_factory=list)  # the quality text set: (label, text)
     described_targets: list[dict] = field(default_factory=list)
