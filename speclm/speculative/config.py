@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..sampling import is_int
-from .methods import DEFAULT_METHOD, get_method, method_names, selectable_proposals
+from .methods import DEFAULT_METHOD, default_k_note, get_method, method_names, selectable_proposals
 from ..options import Option, option, options_of
 from .proposers.ngram import check_ngram_sizes
 from .proposers.medusa import MedusaOptions
@@ -37,7 +37,7 @@ class SpecConfig:
                          "measured costs, plain decoding when speculation does not pay)",
                          choices=method_names, request=True)
     k: int | None = option(None, "draft tokens per round (for auto/heuristic: the maximum; "
-                           "default: the method's, 16 for auto and sd-suffix, else 4)", kind=int, request=True)
+                           f"default: the method's, {default_k_note()})", kind=int, request=True)
     proposer: str | None = option(None, "what auto/heuristic draft with (default: auto suffix decoding; "
                                   "heuristic the draft model, n-gram without one)", choices=selectable_proposals)
     p_min: float = option(0.0, "draft model: stop drafting when its top-1 probability falls below this",

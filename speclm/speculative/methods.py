@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..backends.base import Backend
-from ..costs import CostModel
+from ..costs import TIMED_K, CostModel
 from ..errors import InvalidRequestError
 from .controller import Calibration, GoodputController, HeuristicController
 from .proposers.base import Proposer
@@ -127,6 +127,8 @@ def _heuristic(llm: Resources, spec: SpecConfig) -> HeuristicController:
     return HeuristicController(k_init=min(spec.k, 4), k_max=spec.k)
 
 
+COPY_K = TIMED_K  # the copying methods' K (auto, sd-suffix): the longest block their costs are timed for
+
 @dataclass(frozen=True)
 class Method:
     """One speculation method.
@@ -216,6 +218,17 @@ def priced_proposals(spec: SpecConfig, has_draft: bool) -> set[str]:
     return {k for k in kinds if k is not None and (has_draft or not PROPOSALS[k].needs_draft)}
 
 
+def default_k_note() -> str:
+    """Each method's default K, as a setting's help says it ("16 for auto and sd-suffix, ...")."""
+    ks: dict[int, list[str]] = {}
+    for m in METHODS.values():
+        if m.uses_k:
+            ks.setdefault(m.default_k, []).append(m.name)
+    usual = max(ks, key=lambda k: len(ks[k]))
+    named = [f"{k} for {' and '.join(names)}" for k, names in ks.items() if k != usual]
+    return ", ".join([*named, f"else {usual}"])
+
+
 def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
 
@@ -230,10 +243,10 @@ register(Method("sd-draft", "speculative decoding with a draft model, fixed K", 
 register(Method("sd-ngram", "speculative decoding with prompt lookup (n-gram), fixed K", proposal="ngram",
                 in_default_bench=True))
 register(Method("sd-suffix", "suffix decoding: drafts from this request and earlier verified outputs, "
-                             "fixed K", proposal="suffix", default_k=16))
+                             "fixed K", proposal="suffix", default_k=COPY_K))
 register(Method("auto", "goodput controller: K chosen every round from measured costs and acceptance "
                         "(per drafted token, for suffix decoding), K = 0 (plain decoding) when speculation "
-                        "does not pay", proposal="suffix", adaptive=True, controller=_goodput, default_k=16,
+                        "does not pay", proposal="suffix", adaptive=True, controller=_goodput, default_k=COPY_K,
                 priced=True))
 register(Method("medusa", "Medusa heads on the target's hidden state (speclm heads train), fixed K "
                           "(at most the number of heads); --heads-online adapts them from verification",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from ..costs import CostModel
 from .controller import Calibration, GoodputController, draft_groups, match_group, matched_run, smoothed_estimate
+from .methods import COPY_K
 
 
 def estimate_bucket(c: float) -> int:
@@ -39,7 +40,7 @@ class RunLengths:
     """Per cell, decayed counts of drafts whose first j tokens all matched (j = 1..K_max),
     and of drafts whose outcome is known up to j. Shareable by the requests of one scope."""
 
-    k_max: int = 16
+    k_max: int = COPY_K
     decay: float = 0.995  # per draft in a cell: ~200-draft memory
     min_evidence: float = 6.0  # drafts known at a position before its survival is trusted
     cells: dict[tuple, list[list[float]]] = field(default_factory=dict)  # cell -> [[matched_j], [known_j]]

@@ -22,6 +22,7 @@ from ..backends.recorded import RecordedBackend
 from ..costs import CostModel, cost_ratios
 from ..sampling import SamplingParams
 from .controller import Calibration, Controller, GoodputController
+from .methods import COPY_K
 from .proposers.suffix import SuffixProposer
 from .policies import KnownCells, RecentBias, RunLengths, RunLengthController
 from .proposers.suffix_index import SuffixCache, SuffixConfig
@@ -90,7 +91,7 @@ POLICIES: dict[str, Policy] = {"auto": goodput, "runlength": runlength, "recent"
 
 
 def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], policy: Policy = goodput,
-           k_max: int = 16, suffix: SuffixConfig | None = None, cache_tokens: int = 100_000,
+           k_max: int = COPY_K, suffix: SuffixConfig | None = None, cache_tokens: int = 100_000,
            keep_ks: bool = False, calibration: Calibration | None = None) -> list[Replayed]:
     """One Replayed per category (in run order). curves: category -> v(b) in ms, the
     costs the controller sees (fixed: it learns acceptance, not timing, here).
@@ -125,7 +126,7 @@ def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], polic
     return list(out.values())
 
 
-def known_cells(streams: Sequence[Stream], curves: dict[str, dict[int, float]], k_max: int = 16,
+def known_cells(streams: Sequence[Stream], curves: dict[str, dict[int, float]], k_max: int = COPY_K,
                 suffix: SuffixConfig | None = None) -> list[Replayed]:
     """`--policy known-cells`, a bound: auto's controller with every calibration cell set in
     advance to the acceptance rate a first replay of auto observed in it over the whole run
