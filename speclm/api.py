@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .backends.base import Backend
+from .backends.base import KV_SEQUENCES, N_CTX, Backend
 from .backends.kernels import check_request as check_kernels
 from .backends.load import check_tokenizers, load_backend  # noqa: F401  (public here too)
 from .backends.probe import WORKS
@@ -41,7 +41,7 @@ class LLM:
     """A target model and (lazily) a draft model, generating losslessly."""
 
     def __init__(self, target: str | Backend | None = None, draft: str | Backend | None = None,
-                 n_ctx: int = 4096, n_threads: int | None = None, max_sequences: int = 2,
+                 n_ctx: int = N_CTX, n_threads: int | None = None, max_sequences: int = KV_SEQUENCES,
                  speculator=None, suffix_cache_tokens: int = SUFFIX_CACHE_TOKENS, heads=None,
                  prefix_cache_tokens: int = 0, kernels: str | None = None,
                  kernels_for: str = "speculation"):

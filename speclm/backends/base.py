@@ -31,6 +31,9 @@ import numpy as np
 
 from ..errors import InvalidRequestError
 
+N_CTX = 4096  # tokens one sequence holds when the loader is not told otherwise (--n-ctx)
+KV_SEQUENCES = 2  # sequences live at once (requests in flight) when the loader is not told otherwise
+
 
 class Backend(ABC):
     """One model + its tokenizer + a multi-sequence KV memory."""

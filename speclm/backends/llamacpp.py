@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import BackendError, InvalidRequestError, ModelError
 from ..llama_lib import L, init_once, last_error, recent_errors
-from .base import Backend
+from .base import KV_SEQUENCES, N_CTX, Backend
 from .kernels import KernelConfig
 
 MAX_THREADS = 512  # ggml's limit
@@ -44,8 +44,8 @@ def _decode(ctx, batch) -> int:
 class LlamaCppBackend(Backend):
     """A GGUF model run by llama.cpp on the CPU."""
 
-    def __init__(self, path: str | Path, n_ctx: int = 4096, n_threads: int | None = None,
-                 n_seq_max: int = 4, kernels: KernelConfig | None = None):
+    def __init__(self, path: str | Path, n_ctx: int = N_CTX, n_threads: int | None = None,
+                 n_seq_max: int = KV_SEQUENCES, kernels: KernelConfig | None = None):
         """kernels: the weight buffers to use (None: llama.cpp's default). Choose them
         with `load_backend`, which proves them on this machine first (probe.py)."""
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)

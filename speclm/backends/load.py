@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..errors import TokenizerMismatchError
 from ..options import option
-from .base import Backend
+from .base import KV_SEQUENCES, N_CTX, Backend
 from .kernels import check_request
 
 
@@ -22,7 +22,7 @@ class LoadConfig:
     draft: str | None = option(None, "draft model for methods that draft with one: name or GGUF path (default: "
                                "qwen2.5-coder-0.5b when the target is the default or one of its variants and "
                                "the method drafts with a model)")
-    n_ctx: int = option(4096, "context length per sequence", flag="--n-ctx")
+    n_ctx: int = option(N_CTX, "context length per sequence", flag="--n-ctx")
     n_threads: int | None = option(None, "CPU threads llama.cpp computes with (default: all cores)",
                                    kind=int, flag="--threads")
     kernels: str | None = option(None, "llama.cpp kernels: auto (default; $SPECLM_KERNELS overrides) proves "
@@ -32,8 +32,8 @@ class LoadConfig:
                                  kind=check_request, metavar="auto|amx|repack|plain")
 
 
-def load_backend(model: str | Backend, n_ctx: int = 4096, n_threads: int | None = None,
-                 max_sequences: int = 4, kernels: str | None = None, work: str = "speculation") -> Backend:
+def load_backend(model: str | Backend, n_ctx: int = N_CTX, n_threads: int | None = None,
+                 max_sequences: int = KV_SEQUENCES, kernels: str | None = None, work: str = "speculation") -> Backend:
     """A Backend from a registered model name, a GGUF path, or a Backend as is.
 
     kernels: auto (default; $SPECLM_KERNELS overrides), a family (amx, repack,

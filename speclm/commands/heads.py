@@ -39,7 +39,7 @@ def cmd_heads_train(args: argparse.Namespace) -> int:
     from ..heads.file import default_heads_path, target_sha256
     from ..heads.train import WorkDir, train
     cfg, load = build(args, TrainConfig), build(args, LoadConfig)
-    backend = load_backend(load.target or DEFAULT_TARGET, 4096, load.n_threads, 1, load.kernels)
+    backend = load_backend(load.target or DEFAULT_TARGET, load.n_ctx, load.n_threads, 1, load.kernels)
     try:
         sha = target_sha256(backend.path)
         out = Path(args.out) if args.out else default_heads_path(sha)
