@@ -1,6 +1,6 @@
 """Model quality on a fixed text set: perplexity, and greedy agreement with a reference
 model, teacher-forced on the same tokens (`measure_quality`); shared by `speclm models
-compare` (model_compare.py), the bench's variant sweep (run/sweep.py) and `speclm doctor`.
+compare` (model_compare.py), the bench's variant sweep (run/models.py) and `speclm doctor`.
 
 Text set: speclm/bench/data/ppl_text.txt (original prose and code, sections
 split at lines holding only ``---``) plus prompt + canonical solution of the
