@@ -54,7 +54,8 @@ def test_projection_follows_its_formula_from_measured_parts():
 
 
 def test_ssd_section_appears_only_for_ssd_rows():
-    row = {"category": "humaneval", "method": "ssd", "k": 4, "temperature": 0.0, "mean_acceptance_length": 4.5,
+    row = {"category": "humaneval", "method": "ssd", "k": 4, "label": "ssd K=4", "temperature": 0.0,
+           "mean_acceptance_length": 4.5,
            "ssd": {"hit_rate": 0.8, "hit_rate_by_k": {"4": 0.9}, "wait_ms_per_round": 3.0,
                    "busy_ms_per_round": 100.0}}
     assert "k=4:0.90" in "\n".join(lines_of(ssd_section([row])))

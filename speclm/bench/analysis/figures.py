@@ -1,8 +1,9 @@
 """The analyse stage: every figure of a run, from its records alone (no model is loaded):
 the report's rows and verdicts (groups.py), the copy ceiling with its replays
 (ceiling.py), the variants section (variants.py), the halves, the Medusa heads, the SSD
-projection, the concurrency pairs and the greedy divergences. The write stage only
-renders them."""
+projection, the concurrency rows and pairs, the requests' latencies and the greedy
+divergences. Every row that names a config carries its label (groups.labelled), so the
+write stage only renders them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from ...speculative.proposers.suffix_index import SuffixConfig
 from .ceiling import CeilingInput, copy_ceilings
-from .groups import divergences, group_rows, models_vary, verdicts
+from .groups import divergences, group_rows, labelled, latencies, verdicts
 from .halves import halves
 from .heads import heads_rows
 from .projection import project
@@ -23,8 +24,8 @@ from .variants import build_variants
 class Figures:
     """What the write stage renders beside the records: group rows and their verdicts,
     copy-ceiling rows, streams.jsonl's lines, the variants section, the first/second half
-    rows, Medusa heads rows, the SSD projection, concurrency pairs, greedy divergences and
-    whether the rows name their models (a variant sweep)."""
+    rows, Medusa heads rows, the SSD projection, the concurrency rows and their pairs, greedy
+    divergences and each request's latency (the CDF's points); each row labelled."""
 
     rows: list[dict]
     verdicts: list[dict]
@@ -34,9 +35,10 @@ class Figures:
     halves: list[dict]
     heads: list[dict]
     projection: list[dict]
+    concurrency: list[dict]
     paired: list[dict]
     divergences: list[dict]
-    models_vary: bool
+    latencies: list[dict]
 
 
 def analyse(requests: Sequence[dict], concurrency: Sequence[dict], rounds: Sequence[dict],
@@ -50,5 +52,7 @@ def analyse(requests: Sequence[dict], concurrency: Sequence[dict], rounds: Seque
     ceiling_rows, streams = copy_ceilings(ceilings, rounds, methods=ceiling_methods, k_max=ceiling_k, suffix=suffix)
     variants = build_variants(requests, targets, drafts, quality=quality, text_labels=text_labels)
     rows = group_rows(requests)
-    return Figures(rows, verdicts(rows), ceiling_rows, streams, variants, halves(requests), heads_rows(requests),
-                   project(requests), paired(concurrency), divergences(requests), models_vary(rows))
+    judged, diverged, latency = verdicts(rows), divergences(requests), latencies(requests)
+    in_flight = labelled(concurrency)
+    return Figures(rows, judged, ceiling_rows, streams, variants, halves(requests), heads_rows(requests),
+                   project(requests), in_flight, paired(concurrency), diverged, latency)

@@ -41,11 +41,24 @@ def models_vary(rows: Iterable[dict]) -> bool:
     return any(len(pairs) > 1 for pairs in seen.values())
 
 
-def label(row: dict, models: bool = False) -> str:
-    """'sd-draft K=4'; with models, followed by the target (+ draft) it ran on."""
-    plain = row["method"] in (BASELINE, SCHEMA_BASELINE) or row.get("k") is None
+def label(row: dict, models: bool = False, *, k: bool = True) -> str:
+    """'sd-draft K=4' ('sd-draft' without k); with models, followed by the target (+ draft) it ran on."""
+    plain = not k or row["method"] in (BASELINE, SCHEMA_BASELINE) or row.get("k") is None
     base = row["method"] if plain else f"{row['method']} K={row['k']}"
     return f"{base} [{model_tag(row)}]" if models else base
+
+
+def labelled(rows: Sequence[dict], models: bool | None = None) -> list[dict]:
+    """`rows`, each with its "label" (label(); naming its models when `models`, by default
+    when they vary among `rows`): the write stage prints these and computes none."""
+    models = models_vary(rows) if models is None else models
+    return [{**r, "label": label(r, models)} for r in rows]
+
+
+def latencies(requests: Sequence[dict]) -> list[dict]:
+    """Each request's latency with its config's label and temperature (the latency CDF's points)."""
+    return [{"label": r["label"], "temperature": r["temperature"], "wall_ms": r["wall_ms"]}
+            for r in labelled(requests)]
 
 
 # ---- rows -----------------------------------------------------------------------
@@ -104,7 +117,8 @@ def ssd_stats(recs: Sequence[dict]) -> dict | None:
 
 
 def group_rows(requests: Sequence[dict], overall: bool = True) -> list[dict]:
-    """Rows per category (in first-seen order) and, with more than one category, 'all'."""
+    """Rows per category (in first-seen order) and, with more than one category, 'all';
+    each labelled (labelled()), with its "method_label" too (the label without K)."""
     cats = list(dict.fromkeys(r["category"] for r in requests))
     scopes = [(c, [r for r in requests if r["category"] == c]) for c in cats]
     if overall and len(cats) > 1:
@@ -118,15 +132,15 @@ def group_rows(requests: Sequence[dict], overall: bool = True) -> list[dict]:
         for key, grp in groups.items():
             mine = [(m, a) for m, a in pairs if tuple(m.get(k) for k in GROUP_KEYS[1:]) == key[1:]]
             rows.append(group_row(key, grp, mine))
-    return rows
+    models = models_vary(rows)
+    return [{**r, "method_label": label(r, models, k=False)} for r in labelled(rows, models)]
 
 
 def verdicts(rows: Sequence[dict]) -> list[dict]:
     """Per category × target × T × max_new_tokens: enable speculation iff the best config
     (by p50 speedup) has p50 > 1, total speedup > 1 and most prompts faster (ratios.worth_it);
-    `identity` carries the best config's greedy identity counts."""
+    `identity` carries the best config's greedy identity counts; `rows` are group_rows'."""
     out = []
-    models = models_vary(rows)
 
     def scope(r: dict) -> tuple:
         return r["category"], r.get("target"), r["temperature"], r["max_new_tokens"]
@@ -141,10 +155,10 @@ def verdicts(rows: Sequence[dict]) -> list[dict]:
         faster = f"{best['prompts_faster']}/{best['prompts']} prompts faster"
         enable = worth_it(best)
         if enable:
-            evidence = (f"yes: {label(best, models)} {p50:.2f}× (p50; total {tot:.2f}×, "
+            evidence = (f"yes: {best['label']} {p50:.2f}× (p50; total {tot:.2f}×, "
                         f"range {d['min']:.2f}–{d['max']:.2f}×), {faster}")
         else:
-            evidence = f"no: best method {label(best, models)} {p50:.2f}× AR (p50; total {tot:.2f}×), {faster}"
+            evidence = f"no: best method {best['label']} {p50:.2f}× AR (p50; total {tot:.2f}×), {faster}"
         out.append({"category": cat, "temperature": temp, "max_new_tokens": max_new, "enable": enable,
                     "best": {"method": best["method"], "k": best["k"]}, "evidence": evidence,
                     "target": target, "target_name": best.get("target_name"), "best_draft": best.get("draft"),
@@ -153,8 +167,10 @@ def verdicts(rows: Sequence[dict]) -> list[dict]:
 
 
 def divergences(requests: Sequence[dict]) -> list[dict]:
-    """Greedy runs whose output differs from AR's, with AR's top-1/top-2 margin there."""
-    return [{"request_id": r["request_id"], "category": r["category"], "prompt_index": r["prompt_index"],
+    """Greedy runs whose output differs from AR's, with AR's top-1/top-2 margin there,
+    labelled as their group rows are."""
+    return [{"label": r["label"], "request_id": r["request_id"], "category": r["category"],
+             "prompt_index": r["prompt_index"],
              "repeat": r["repeat"], "method": r["method"], "k": r["k"],
              **{key: r.get(key) for key in ("target", "draft", "target_name", "draft_name")}, **r["identity"]}
-            for r in requests if r.get("identity") and not r["identity"]["identical"]]
+            for r in labelled(requests) if r.get("identity") and not r["identity"]["identical"]]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..setup.methods import BASELINE
-from .groups import GROUP_KEYS, group_rows
+from .groups import GROUP_KEYS, group_rows, labelled
 
 FIELDS = ("requests", "prompts", "speedup", "decode_speedup", "acceptance_rate", "mean_acceptance_length",
           "tokens_per_s")
@@ -29,7 +29,8 @@ def split(indices: Sequence[int]) -> tuple[list[int], list[int]]:
 
 def halves(requests: Sequence[dict]) -> list[dict]:
     """summary["halves"]: per category × method config (AR excluded) × half (1, 2), that
-    half's prompt indices, speedup and acceptance; categories with < 2 prompts are left out."""
+    half's prompt indices, speedup and acceptance, labelled (groups.labelled); categories
+    with < 2 prompts are left out."""
     rows = []
     for cat in dict.fromkeys(r["category"] for r in requests):
         recs = [r for r in requests if r["category"] == cat]
@@ -44,4 +45,4 @@ def halves(requests: Sequence[dict]) -> list[dict]:
                 names = {n: g[n] for n in ("target_name", "draft_name") if n in g}
                 rows.append({**{k: g[k] for k in GROUP_KEYS}, **names, "half": half, "prompt_indices": indices,
                              **{k: g[k] for k in FIELDS}})
-    return rows
+    return labelled(rows)

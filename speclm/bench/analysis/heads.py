@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .groups import GROUP_KEYS
+from .groups import GROUP_KEYS, label
 
 CURVE_ROUNDS = 100
 
@@ -22,7 +22,7 @@ def curve(recs: Sequence[dict], block: int = CURVE_ROUNDS) -> list[float]:
 
 
 def heads_rows(requests: Sequence[dict]) -> list[dict]:
-    """summary["medusa"]: per group with head-drafted rounds, their ms, learn ms and curve."""
+    """summary["medusa"]: per group with head-drafted rounds, its label, ms, learn ms and curve."""
     groups: dict[tuple, list[dict]] = {}
     for r in requests:
         if r.get("heads_rounds"):
@@ -30,6 +30,8 @@ def heads_rows(requests: Sequence[dict]) -> list[dict]:
     rows = []
     for key, recs in groups.items():
         n = sum(r["heads_rounds"] for r in recs)
-        rows.append({**dict(zip(GROUP_KEYS, key)), "rounds": n, "heads_ms_per_round": sum(r["heads_ms"] for r in recs) / n,
+        group = dict(zip(GROUP_KEYS, key))
+        rows.append({**group, "label": label(group), "rounds": n,
+                     "heads_ms_per_round": sum(r["heads_ms"] for r in recs) / n,
                      "learn_ms_per_round": sum(r["learn_ms"] for r in recs) / n, "curve": curve(recs)})
     return rows

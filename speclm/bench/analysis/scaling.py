@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from ..setup.methods import BASELINE
 from .distributions import distribution
+from .groups import labelled, models_vary
 
 MODEL_KEYS = ("target", "draft", "target_name", "draft_name")
 
@@ -39,7 +40,8 @@ def asked(row: dict) -> int:
 
 
 def paired(rows: Sequence[dict]) -> list[dict]:
-    """One entry per (T, N, config, models): by T and N, AR first, then in run order (see the module doc)."""
+    """One entry per (T, N, config, models): by T and N, AR first, then in run order (see the
+    module doc); labelled as `rows` are (groups.labelled)."""
     ar = {(r["temperature"], r.get("repeat", 0), asked(r), r.get("target")): r
           for r in rows if r["method"] == BASELINE}
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -65,4 +67,5 @@ def paired(rows: Sequence[dict]) -> list[dict]:
                     "tok_s": _spread([r["throughput_tok_s"] for r in rs]),
                     "vs_ar": _spread(vs_ar), "below_ar": sum(1 for x in vs_ar if x < 1.0),
                     "vs_ar_1": _spread(vs_ar_1)})
+    out = labelled(out, models_vary(rows))
     return sorted(out, key=lambda e: (e["temperature"], e["concurrency_requested"], e["method"] != BASELINE))

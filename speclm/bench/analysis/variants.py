@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from ..setup.methods import BASELINE
+from .groups import label
 from .quality import CONTEXT
 from .ratios import pair_with_ar, speedup_stats
 
@@ -24,7 +25,8 @@ def _tok_s(recs: Sequence[dict]) -> float | None:
 def variant_rows(requests: Sequence[dict], targets: Sequence[dict], drafts: Sequence[dict]) -> list[dict]:
     """One row per target × draft (per target when no draft ran): the target's AR tok/s
     and v(k), and the draft config (method, K) with the most accepted progress per ms
-    (Σ output tokens / Σ wall ms, speclm.metrics' definition) with its speedup vs AR."""
+    (Σ output tokens / Σ wall ms, speclm.metrics' definition, with its label) and its
+    speedup vs AR."""
     rows = []
     for t in targets:
         mine = [r for r in requests if r.get("target_name") == t["name"]]
@@ -47,7 +49,8 @@ def variant_rows(requests: Sequence[dict], targets: Sequence[dict], drafts: Sequ
                          "draft": d and d["name"], "draft_file": d and d["file"], "draft_size": d and d["size"],
                          "target_perplexity": t["perplexity"], "draft_perplexity": d and d["perplexity"],
                          "agreement": t["agreement"], "ar_tok_s": _tok_s([r for r in mine if r["method"] == BASELINE]),
-                         "v_ms": t["v_ms"], "best": best and {"method": best["method"], "k": best["k"]},
+                         "v_ms": t["v_ms"],
+                         "best": best and {"method": best["method"], "k": best["k"], "label": label(best)},
                          "sd_tok_s": best and best["tok_s"], "speedup": best and best["speedup"],
                          "accepted_progress_per_ms": best and best["accepted_progress_per_ms"],
                          "by_config": by_config})

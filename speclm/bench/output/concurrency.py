@@ -1,12 +1,12 @@
 """The "Concurrency" section: every row of N closed-loop clients, then the ratios of rows
-run back to back within a repeat (analysis/scaling.py). A row's N is never more than
-its prompts (trust/phases.py); the N asked for stands beside it when it was more."""
+run back to back within a repeat (analysis/scaling.py), each labelled by the analyse
+stage. A row's N is never more than its prompts (trust/phases.py); the N asked for
+stands beside it when it was more."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from ..analysis.groups import label, models_vary
 from ..setup.methods import BASELINE
 from .cells import md_table, num, quantiles
 from .sections import Section
@@ -26,11 +26,11 @@ def _spread(s: dict | None, unit: str = "×", spec: str = ".2f") -> str:
     return f"{s['p50']:{spec}}{unit} [{s['min']:{spec}}–{s['max']:{spec}}]"
 
 
-def paired_table(entries: Sequence[dict], name: Callable[[dict], str]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
-    """The paired ratios' header and rows (`name(entry)` names the config)."""
+def paired_table(entries: Sequence[dict]) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The paired ratios' header and rows (each entry's label names its config)."""
     header = ("N", "method", "T", "repeats", "tok/s median [min–max]", "vs AR at this N", "below AR",
               "vs AR at N=1")
-    rows = [(n_cell(e), name(e), f"{e['temperature']:g}",
+    rows = [(n_cell(e), e["label"], f"{e['temperature']:g}",
              str(e["repeats"]) + (f" ({e['starved']} starved)" if e["starved"] else ""),
              _spread(e["tok_s"], "", ".1f"), _spread(e["vs_ar"]) if e["method"] != BASELINE else "(base)",
              f"{e['below_ar']}/{e['vs_ar']['n']}" if e["vs_ar"] else "-", _spread(e["vs_ar_1"]))
@@ -41,13 +41,12 @@ def paired_table(entries: Sequence[dict], name: Callable[[dict], str]) -> tuple[
 def concurrency_section(rows: list[dict], paired: list[dict]) -> Section:
     if not rows:
         return Section("Concurrency", {"concurrency": rows, "concurrency_paired": paired})
-    models = models_vary(rows)
     repeats = max(c.get("repeat", 0) for c in rows) + 1
-    body = [(n_cell(c), str(c.get("in_flight_peak", "-")), label(c, models), f"{c['temperature']:g}",
+    body = [(n_cell(c), str(c.get("in_flight_peak", "-")), c["label"], f"{c['temperature']:g}",
              *([str(c.get("repeat", 0) + 1)] if repeats > 1 else []), num(c["throughput_tok_s"], ".1f"),
              *(quantiles(c[key]) for key in ("latency_ms", "ttft_ms", "ttft_first_wave_ms", "ttft_steady_ms")),
              str(c["ttft_steady_ms"]["n"])) for c in rows]
-    header, paired_rows = paired_table(paired, lambda e: label(e, models))
+    header, paired_rows = paired_table(paired)
     md = ["N closed-loop clients over every prompt. First wave: the first N requests, arriving together; steady: "
           "the later ones, each arriving while the others decode. A row keeps at most as many requests in flight as "
           "it has prompts; in flight: the most it had at once."

@@ -17,7 +17,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..analysis.groups import label, model_tag, models_vary  # noqa: E402
 from ..setup.methods import BASELINE  # noqa: E402
 
 
@@ -27,21 +26,20 @@ def _save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def _series_name(row: dict, temps: int, models: bool = False) -> str:
-    base = label(row, models)
-    return base if temps < 2 else f"{base} T={row['temperature']:g}"
+def _series_name(row: dict, temps: int, name: str = "label") -> str:
+    """The row's label (or its `name` field), with its T when the temperatures vary."""
+    return row[name] if temps < 2 else f"{row[name]} T={row['temperature']:g}"
 
 
 def plot_speedup_vs_k(rows: Sequence[dict], path: Path) -> None:
     cats = list(dict.fromkeys(r["category"] for r in rows)) or ["(none)"]
-    temps, models = len({r["temperature"] for r in rows}), models_vary(rows)
+    temps = len({r["temperature"] for r in rows})
     fig, axes = plt.subplots(1, len(cats), figsize=(4.2 * len(cats), 3.6), squeeze=False)
     for ax, cat in zip(axes[0], cats):
         lines: dict[str, list[tuple[int, float]]] = {}
         for r in rows:
             if r["category"] == cat and r["method"] != BASELINE and r["speedup_dist"]["p50"] is not None:
-                name = r["method"] + (f" [{model_tag(r)}]" if models else "")
-                name = name if temps < 2 else f"{name} T={r['temperature']:g}"
+                name = _series_name(r, temps, "method_label")
                 lines.setdefault(name, []).append((r["k"], r["speedup_dist"]["p50"]))
         for name, pts in lines.items():
             pts.sort()
@@ -57,12 +55,12 @@ def plot_speedup_vs_k(rows: Sequence[dict], path: Path) -> None:
 
 def plot_per_position(rows: Sequence[dict], path: Path) -> None:
     scope = "all" if any(r["category"] == "all" for r in rows) else rows[0]["category"] if rows else ""
-    temps, models = len({r["temperature"] for r in rows}), models_vary(rows)
+    temps = len({r["temperature"] for r in rows})
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         if r["category"] == scope and r["method"] != BASELINE and r["per_position_acceptance"]:
             ys = r["per_position_acceptance"]
-            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=_series_name(r, temps, models))
+            ax.plot(range(1, len(ys) + 1), ys, marker="o", label=_series_name(r, temps))
     ax.set_ylim(0, 1.05)
     ax.set_xticks(range(1, 1 + max((len(r["per_position_acceptance"]) for r in rows), default=1)))
     ax.set_xlabel("draft position j")
@@ -73,11 +71,11 @@ def plot_per_position(rows: Sequence[dict], path: Path) -> None:
     _save(fig, path)
 
 
-def plot_latency_cdf(requests: Sequence[dict], path: Path) -> None:
-    temps, models = len({r["temperature"] for r in requests}), models_vary(requests)
+def plot_latency_cdf(latencies: Sequence[dict], path: Path) -> None:
+    temps = len({r["temperature"] for r in latencies})
     series: dict[str, list[float]] = {}
-    for r in requests:
-        series.setdefault(_series_name(r, temps, models), []).append(r["wall_ms"])
+    for r in latencies:
+        series.setdefault(_series_name(r, temps), []).append(r["wall_ms"])
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, xs in series.items():
         xs = sorted(xs)
@@ -92,10 +90,10 @@ def plot_latency_cdf(requests: Sequence[dict], path: Path) -> None:
 def plot_concurrency(rows: Sequence[dict], path: Path) -> None:
     """Throughput against N, one line per config: the median over repeats, with a
     bar over their min–max when a row ran more than once."""
-    temps, models = len({r["temperature"] for r in rows}), models_vary(rows)
+    temps = len({r["temperature"] for r in rows})
     series: dict[str, dict[int, list[float]]] = {}
     for r in rows:
-        series.setdefault(_series_name(r, temps, models), {}).setdefault(r["concurrency"], []).append(
+        series.setdefault(_series_name(r, temps), {}).setdefault(r["concurrency"], []).append(
             r["throughput_tok_s"])
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, by_n in series.items():
@@ -112,16 +110,16 @@ def plot_concurrency(rows: Sequence[dict], path: Path) -> None:
     _save(fig, path)
 
 
-def write_plots(rows: Sequence[dict], concurrency: Sequence[dict], requests: Sequence[dict],
+def write_plots(rows: Sequence[dict], concurrency: Sequence[dict], latencies: Sequence[dict],
                 out_dir: Path) -> list[str]:
-    """Write every plot of the group rows, concurrency rows and requests; return their
-    paths relative to out_dir."""
+    """Write every plot of the labelled group rows, concurrency rows and requests'
+    latencies (analysis/figures.py); return their paths relative to out_dir."""
     plot_dir = out_dir / "plots"
     plot_dir.mkdir(parents=True, exist_ok=True)
     per_category = [r for r in rows if r["category"] != "all"]
     jobs = [("speedup_vs_k.png", lambda p: plot_speedup_vs_k(per_category, p)),
             ("per_position_acceptance.png", lambda p: plot_per_position(rows, p)),
-            ("latency_cdf.png", lambda p: plot_latency_cdf(requests, p))]
+            ("latency_cdf.png", lambda p: plot_latency_cdf(latencies, p))]
     if concurrency:
         jobs.append(("concurrency.png", lambda p: plot_concurrency(concurrency, p)))
     for name, fn in jobs:

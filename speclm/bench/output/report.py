@@ -57,6 +57,6 @@ def bench_sections(run, config: dict, manifest: dict, figures: Figures, plots: l
             heads_section(f.heads, rows),
             distributions_section(rows),
             acceptance_section(rows),
-            identity_section(f.divergences, f.models_vary),
-            concurrency_section(run.concurrency, f.paired),
+            identity_section(f.divergences),
+            concurrency_section(f.concurrency, f.paired),
             plots_section(plots)]

@@ -1,5 +1,6 @@
-"""The sections on the group rows (analysis/groups.py): the verdicts, the main table of
-speedups, the latency distributions, per-position acceptance and greedy identity."""
+"""The sections on the group rows (analysis/groups.py, each with its label): the verdicts,
+the main table of speedups, the latency distributions, per-position acceptance and
+greedy identity."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from collections.abc import Sequence
 from rich.markup import escape
 from rich.table import Table
 
-from ..analysis.groups import label, models_vary
 from ..setup.methods import BASELINE
 from .cells import fmt_x, identity_cell, md_table, num, quantiles, wall_cell
 from .sections import Section
@@ -44,12 +44,11 @@ def verdicts_section(verdicts: list[dict], busy: bool) -> Section:
 def table_rows(rows: Sequence[dict], max_new_tokens: Sequence[int]) -> list[tuple[str, ...]]:
     """The main table: one line per category × method × K × T (× max_new_tokens)."""
     out = []
-    models = models_vary(rows)
     for r in rows:
         d = r["speedup_dist"]
         base = r["method"] == BASELINE
         out.append((r["category"] + ("" if len(max_new_tokens) < 2 else f" N={r['max_new_tokens']}"),
-                    label(r, models), f"{r['temperature']:g}", "1.00× (base)" if base else fmt_x(r["speedup"]),
+                    r["label"], f"{r['temperature']:g}", "1.00× (base)" if base else fmt_x(r["speedup"]),
                     "-" if base else f"{num(d['p50'])} [{num(d['min'])}–{num(d['max'])}]",
                     "-" if base else f"{r['prompts_faster']}/{r['prompts']}",
                     *(("-",) * 3 if base else (fmt_x(r.get("decode_speedup")), fmt_x(r.get("prefill_speedup")),
@@ -76,8 +75,7 @@ def results_section(rows: list[dict], max_new_tokens: Sequence[int]) -> Section:
 
 
 def distributions_section(rows: Sequence[dict]) -> Section:
-    models = models_vary(rows)
-    body = [(r["category"], label(r, models), f"{r['temperature']:g}",
+    body = [(r["category"], r["label"], f"{r['temperature']:g}",
              *(quantiles(r[key]) for key in ("latency_ms", "ttft_ms", "tpot_ms")),
              f"{r['draft_share']:.0%} / {r['verify_share']:.0%}") for r in rows]
     return Section("Distributions (ms)", markdown=[md_table(
@@ -86,8 +84,7 @@ def distributions_section(rows: Sequence[dict]) -> Section:
 
 
 def acceptance_section(rows: Sequence[dict]) -> Section:
-    models = models_vary(rows)
-    body = [(r["category"], label(r, models), f"{r['temperature']:g}",
+    body = [(r["category"], r["label"], f"{r['temperature']:g}",
              " ".join(f"{x:.2f}" for x in r["per_position_acceptance"]),
              " ".join(str(x) for x in r["counts"]["rejection_hist"]), str(r["counts"]["full_accepts"]))
             for r in rows if r["method"] != BASELINE]
@@ -95,9 +92,9 @@ def acceptance_section(rows: Sequence[dict]) -> Section:
         ("category", "method", "T", "acceptance at j=1..K", "rejections at j=1..K", "all accepted"), body)])
 
 
-def identity_section(divergences: list[dict], models: bool) -> Section:
+def identity_section(divergences: list[dict]) -> Section:
     md = ["All greedy outputs identical to AR." if not divergences else
           "Differences (a tiny AR top-1/top-2 margin points at batch numerics, a large one at a bug):"]
-    md += [f"- {d['category']} #{d['prompt_index']} {label(d, models)}: token {d['first_divergence']}, "
+    md += [f"- {d['category']} #{d['prompt_index']} {d['label']}: token {d['first_divergence']}, "
            f"margin {num(d['ar_top2_margin'], '.4f')}" for d in divergences]
     return Section("Greedy identity with AR", {"identity_divergences": divergences}, md)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from rich.markup import escape
 
 from ...costs import MIN_FORWARDS
-from ..analysis.groups import GROUP_KEYS, label, models_vary
+from ..analysis.groups import GROUP_KEYS
 from ..analysis.heads import CURVE_ROUNDS
 from .cells import md_table, num
 from .sections import Section
@@ -18,7 +18,6 @@ from .sections import Section
 
 def halves_section(rows: list[dict]) -> Section:
     """Each category's first and second half side by side (no lines without halves)."""
-    models = models_vary(rows)
     several_n = len({r["max_new_tokens"] for r in rows}) > 1
     pairs: dict[tuple, dict[int, dict]] = {}
     for r in rows:
@@ -29,7 +28,7 @@ def halves_section(rows: list[dict]) -> Section:
         if a is None or b is None:
             continue
         span = " / ".join(f"{h['prompt_indices'][0]}–{h['prompt_indices'][-1]}" for h in (a, b))
-        body.append((a["category"] + (f" N={a['max_new_tokens']}" if several_n else ""), label(a, models),
+        body.append((a["category"] + (f" N={a['max_new_tokens']}" if several_n else ""), a["label"],
                      f"{a['temperature']:g}", span, f"{num(a['speedup'])}× → {num(b['speedup'])}×",
                      f"{num(a['acceptance_rate'], '.3f')} → {num(b['acceptance_rate'], '.3f')}",
                      f"{num(a['mean_acceptance_length'])} → {num(b['mean_acceptance_length'])}"))
@@ -99,8 +98,7 @@ def _replayed(c: dict) -> str:
 def ssd_section(rows: Sequence[dict]) -> Section:
     """SSD's cache hit rates and waits per row (nothing when no SSD row ran)."""
     ssd = [r for r in rows if r.get("ssd")]
-    models = models_vary(rows)
-    body = [(r["category"], label(r, models), f"{r['temperature']:g}", f"{r['ssd']['hit_rate']:.2f}",
+    body = [(r["category"], r["label"], f"{r['temperature']:g}", f"{r['ssd']['hit_rate']:.2f}",
              " ".join(f"k={k}:{v:.2f}" for k, v in r["ssd"]["hit_rate_by_k"].items()),
              num(r["mean_acceptance_length"]), f"{r['ssd']['wait_ms_per_round']:.1f}",
              f"{r['ssd']['busy_ms_per_round']:.1f}") for r in ssd]
@@ -116,8 +114,7 @@ def structured_section(rows: Sequence[dict]) -> Section:
     """Rows of categories whose prompts carry a grammar (extract, tool-call): speed against
     each row's baseline, the forced share, the rest's acceptance, valid answers."""
     shown = [r for r in rows if r.get("structured") and r["category"] != "all"]
-    models = models_vary(rows)
-    body = [(r["category"], label(r, models), f"{r['temperature']:g}", num(r["tokens_per_s"], ".1f"),
+    body = [(r["category"], r["label"], f"{r['temperature']:g}", num(r["tokens_per_s"], ".1f"),
              num(r.get("speedup")), num(r.get("decode_speedup")), num(r["structured"]["forced_share"]),
              num(r["structured"]["rest_acceptance"]),
              f"{r['structured']['valid']}/{r['structured']['answers']} ({r['structured']['stopped']} stopped)")
@@ -167,7 +164,7 @@ def heads_section(heads: list[dict], rows: Sequence[dict]) -> Section:
     body = []
     for r in heads:
         m = main.get(tuple(r.get(k) for k in GROUP_KEYS), {})
-        body.append((r["category"], label(r), f"{r['temperature']:g}", str(r["rounds"]),
+        body.append((r["category"], r["label"], f"{r['temperature']:g}", str(r["rounds"]),
                      " ".join(f"{x:.2f}" for x in m.get("per_position_acceptance") or []),
                      num(m.get("mean_acceptance_length")), f"{r['heads_ms_per_round']:.2f}",
                      f"{r['learn_ms_per_round']:.2f}", " ".join(f"{x:.2f}" for x in r["curve"]) or "-"))

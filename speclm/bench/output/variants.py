@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from ..analysis.groups import label
 from .cells import md_table, mib, num
 from .sections import Section
 
@@ -21,7 +20,7 @@ def variants_section(v: dict | None) -> Section:
              "-" if r["draft"] is None else f"`{r['draft']}` ({mib(r['draft_size'])})",
              num(r["target_perplexity"], ".3f"), num(r["agreement"], ".4f"), num(r["ar_tok_s"], ".1f"),
              " / ".join(num(r["v_ms"].get(k), ".1f") for k in ks),
-             "-" if r["best"] is None else f"{num(r['sd_tok_s'], '.1f')} ({label(r['best'])})",
+             "-" if r["best"] is None else f"{num(r['sd_tok_s'], '.1f')} ({r['best']['label']})",
              num(r["accepted_progress_per_ms"], ".4f"), "-" if r["speedup"] is None else f"{r['speedup']:.2f}×")
             for r in v["rows"]]
     files = [f"- `{m['name']}`: {m['file'] or '-'}, sha256 {m['sha256'] or '-'}"

@@ -38,7 +38,7 @@ def write_outputs(out_dir: Path, run: BenchRun, figures: Figures, cfg: BenchConf
     if figures.streams:
         with open(out_dir / "streams.jsonl", "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(line) + "\n" for line in figures.streams)
-    plots = write_plots(figures.rows, run.concurrency, run.requests, out_dir)
+    plots = write_plots(figures.rows, figures.concurrency, figures.latencies, out_dir)
     sections = bench_sections(run, cfg.to_dict(), manifest, figures, plots, contamination=contamination)
     summary, report = write_report(out_dir, sections, manifest)
     return {"summary": summary, "manifest": manifest, "report": report, "sections": sections}
