@@ -8,7 +8,7 @@ fields from the ones marked `request` (`speclm.server.schemas`); nobody
 repeats a name, a default or a help line. The dataclasses that declare
 settings: SamplingParams (sampling.py), LoadConfig (backends/load.py),
 SpecConfig and its method sections (speculative/config.py), SpeculatorConfig
-(speculative/ssd/client.py), ServerConfig and ListenConfig (server/), and the
+(speculative/ssd/launch.py), ServerConfig and ListenConfig (server/), and the
 bench's and trust policy's configs (bench/).
 """
 
@@ -73,10 +73,12 @@ class Option:
         return self.name if self.section is None else f"{self.section}.{self.name}"
 
 
-def options_of(cls: type, section: str | None = None) -> Iterator[Option]:
-    """Every `option(...)` field of dataclass `cls`, in declaration order."""
+def options_of(cls: type, section: str | None = None, key: str = "option") -> Iterator[Option]:
+    """Every `option(...)` field of dataclass `cls`, in declaration order. key: the
+    metadata key of the declarations (another command line of the same fields keeps
+    its own, e.g. the SSD worker's: speculative/ssd/launch.py)."""
     for f in dataclasses.fields(cls):
-        meta = f.metadata.get("option")
+        meta = f.metadata.get(key)
         if meta is None:
             continue
         choices = meta["choices"]() if callable(meta["choices"]) else meta["choices"]

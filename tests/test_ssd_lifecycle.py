@@ -22,7 +22,8 @@ from speclm.speculative.ssd.client import (SessionFailed, SpeculatorConfig, Spec
 from speclm.speculative.ssd.speculator import SpeculatorSession, SSDOptions
 from speclm.speculative.ssd.supervisor import SpeculatorSupervisor
 from speclm.speculative.ssd.wire import decode, encode
-from speclm.speculative.ssd.worker import Worker, toy_spec
+from speclm.speculative.ssd.launch import BY_HAND_MAX_SEQUENCES, worker_command, worker_config, worker_options
+from speclm.speculative.ssd.worker import Worker, parser, toy_spec
 
 from .ssd_inline import InlineChannel
 from .test_server import wait_until
@@ -305,6 +306,26 @@ def test_the_speculator_is_sized_from_the_concurrency():
     assert (cfg.sessions, cfg.max_sequences, cfg.n_ctx) == (4, 4 * (SSDOptions().fanout + 1), 512)
     assert SpeculatorConfig().sized(sessions=20).max_sequences == 64  # llama.cpp's limit
     assert SpeculatorConfig(max_sequences=10).sized(sessions=4).max_sequences == 10  # set explicitly: kept
+
+
+def test_every_worker_setting_of_the_config_reaches_the_worker_process():
+    """config -> the worker's command line -> the worker's parser -> the same settings, for
+    every field declared as a worker flag (a new one fails the first check until it is
+    given a value here that is not its default)."""
+    names = [o.name for o in worker_options()]
+    assert {"threads", "cores", "n_ctx", "max_sequences", "sessions", "kernels"} <= set(names)
+    given = SpeculatorConfig(threads=3, cores=(1, 2), kernels="repack", n_ctx=512).sized(sessions=2)
+    assert all(getattr(given, o.name) != o.default for o in worker_options()), "give every field a value"
+    for cfg in (given, SpeculatorConfig(threads=None).sized(n_ctx=1024, sessions=5)):
+        cmd = worker_command("m", cfg, "ipc:///tmp/x.sock")
+        assert cmd[1:3] == ["-m", "speclm.speculative.ssd.worker"]
+        args = parser().parse_args(cmd[3:])
+        back = worker_config(args)
+        assert {n: getattr(back, n) for n in names} == {n: getattr(cfg, n) for n in names}
+        assert (args.bind, args.model, args.parent_pid) == ("ipc:///tmp/x.sock", "m", os.getpid())
+    by_hand = worker_config(parser().parse_args(["--bind", "tcp://0.0.0.0:5555", "--model", "m"]))
+    assert (by_hand.threads, by_hand.cores, by_hand.sessions, by_hand.kernels) == (None, None, None, None)
+    assert (by_hand.n_ctx, by_hand.max_sequences) == (SpeculatorConfig().n_ctx, BY_HAND_MAX_SEQUENCES)
 
 
 def test_four_concurrent_ssd_requests_leave_the_speculator_alive():

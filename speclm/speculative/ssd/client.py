@@ -12,39 +12,35 @@ every request goes on with a synchronous proposer (one log line): same output,
 nothing lost; the next SSD request restarts it (supervisor.py). If the
 speculator answers one request's block with an error, only that request goes
 on synchronously: the speculator keeps serving the others.
+
+Where the speculator runs (`SpeculatorConfig`) and the worker's command line
+generated from it are in launch.py.
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
-import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
 from ...costs import clock_ms
-from ...errors import BackendError, InvalidRequestError
-from ...options import option
+from ...errors import BackendError
 from ...sampling import SamplingParams
 from ..proposers.base import Draft, Proposer
+from .launch import SpeculatorConfig, worker_command
 from .options import SSDOptions
 from .speculator import Block
 from .wire import block_from, decode, encode, params_to_dict
 
 log = logging.getLogger("speclm.ssd")
-
-
-MAX_SPECULATOR_SEQUENCES = 64  # llama.cpp's limit on one context's sequences
 
 
 class SpeculatorLost(Exception):
@@ -53,83 +49,6 @@ class SpeculatorLost(Exception):
 
 class SessionFailed(SpeculatorLost):
     """The speculator answered this request's block with an error: only this request is affected."""
-
-
-def core_list(text: str) -> tuple[int, ...]:
-    """CPU core numbers from "1" or "2,3"."""
-    try:
-        cores = tuple(int(c) for c in text.split(","))
-    except ValueError:
-        raise InvalidRequestError(f"--speculator-cores takes core numbers like 1 or 2,3, got {text!r}") from None
-    if any(c < 0 for c in cores):
-        raise InvalidRequestError(f"core numbers are >= 0, got {text!r}")
-    return cores
-
-
-@dataclass(frozen=True)
-class SpeculatorConfig:
-    """Where and how the speculator runs.
-
-    threads: llama.cpp threads of the draft; cores: CPU cores to pin it to
-    (e.g. (1,)); addr: connect to a running `speclm speculator` (e.g.
-    tcp://host:5555) instead of spawning one; locate: a function that finds that
-    address anew at every start and restart (a speculator that moves: Ray); timeout_s: longest wait for one
-    block before the speculator counts as lost; sessions: requests it serves at
-    once (None: the LLM's max_sequences); max_sequences: its KV sequences (None:
-    sessions × (fan-out + 1), at most 64); kernels: as `LLM(kernels=...)`. A lost speculator is restarted by the
-    next SSD request: at once the first time, then after restart_backoff_s,
-    doubling while it keeps dying within stable_s of its start; after
-    max_restarts such failures in a row SSD requests stay synchronous.
-    """
-
-    threads: int | None = option(1, "draft threads in the speculator", kind=int, flag="--speculator-threads")
-    cores: tuple[int, ...] | None = option(None, "pin the speculator to these cores, e.g. 1 or 2,3",
-                                           kind=core_list, flag="--speculator-cores", metavar="CORES")
-    addr: str | None = option(None, "use a running `speclm speculator` at this ZeroMQ address instead of "
-                              "spawning one", flag="--speculator-addr")
-    timeout_s: float = option(10.0, "seconds to wait for a block before finishing on the synchronous path",
-                              flag="--speculator-timeout")
-    start_timeout_s: float = 120.0
-    max_sequences: int | None = None
-    sessions: int | None = None
-    n_ctx: int = 4096
-    kernels: str | None = None  # the draft's llama.cpp kernels (None: the LLM's request)
-    max_restarts: int = 5
-    restart_backoff_s: float = 1.0
-    max_backoff_s: float = 30.0
-    stable_s: float = 60.0
-    locate: Callable[[], str] | None = None  # finds a running speculator's address at each (re)start (overrides addr)
-
-    def __post_init__(self) -> None:
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or self.threads < 1):
-            raise InvalidRequestError(f"the speculator's threads must be an integer >= 1 (--speculator-threads), "
-                                      f"got {self.threads!r}")
-        if not self.timeout_s > 0:
-            raise InvalidRequestError(f"the speculator's timeout must be > 0 s (--speculator-timeout), "
-                                      f"got {self.timeout_s!r}")
-
-    def sized(self, n_ctx: int | None = None, sessions: int | None = None) -> SpeculatorConfig:
-        """This config for an LLM of n_ctx tokens serving `sessions` requests at once
-        (fields set explicitly are kept)."""
-        s = self.sessions or sessions or 1
-        seqs = self.max_sequences or min(MAX_SPECULATOR_SEQUENCES, s * (SSDOptions().fanout + 1))
-        return dataclasses.replace(self, n_ctx=n_ctx or self.n_ctx, sessions=s, max_sequences=seqs)
-
-
-def worker_command(model: str, cfg: SpeculatorConfig, bind: str) -> list[str]:
-    """The command line of a speculator worker for `model` placed by `cfg` (sized), bound
-    to `bind`, exiting when this process does."""
-    cmd = [sys.executable, "-m", "speclm.speculative.ssd.worker", "--bind", bind, "--model", model,
-           "--n-ctx", str(cfg.n_ctx), "--max-sequences", str(cfg.max_sequences),
-           "--sessions", str(cfg.sessions), "--parent-pid", str(os.getpid())]
-    if cfg.threads:
-        cmd += ["--threads", str(cfg.threads)]
-    if cfg.cores:
-        cmd += ["--cores", ",".join(map(str, cfg.cores))]
-    if cfg.kernels:
-        cmd += ["--kernels", cfg.kernels]
-    return cmd
 
 
 class SpeculatorProcess:

@@ -26,6 +26,8 @@ import time
 import zmq
 
 from ...backends.base import Backend
+from ...errors import InvalidRequestError
+from .launch import worker_config, worker_options
 from .options import SSDOptions
 from .speculator import SpeculatorSession
 from .wire import block_frames, decode, encode, session_from_start
@@ -165,25 +167,32 @@ class Worker:
                 busy = busy and self.work_once()
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """`speclm speculator`'s flags: where to listen, what to load, whom to outlive, and
+    the worker settings of SpeculatorConfig (launch.py), generated from their declarations."""
     ap = argparse.ArgumentParser(prog="speclm speculator", description="Run an SSD speculator process.")
     ap.add_argument("--bind", required=True, help="ZeroMQ address, e.g. ipc:///tmp/s.sock or tcp://0.0.0.0:5555")
     ap.add_argument("--model", required=True, help="draft model name or GGUF path")
-    ap.add_argument("--threads", type=int, default=None, help="llama.cpp threads for the draft")
-    ap.add_argument("--cores", default=None, help="CPU cores to pin to, e.g. 1 or 2,3")
-    ap.add_argument("--n-ctx", type=int, default=4096)
-    ap.add_argument("--max-sequences", type=int, default=24, help="KV sequences: sessions × (fan-out + 1)")
-    ap.add_argument("--sessions", type=int, default=None, help="requests served at once: each may fork "
-                    "max-sequences / sessions - 1 branches (default: max-sequences / (fan-out 8 + 1))")
+    for opt in worker_options():  # speclm.commands.options.add_option is a layer above
+        shown = "" if opt.default is None else f" (default {opt.default})"
+        ap.add_argument(opt.flag, dest=opt.dest, type=opt.kind, default=opt.default, choices=opt.choices,
+                        metavar=opt.metavar, help=opt.help + shown)
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone")
-    ap.add_argument("--kernels", default=None, help="llama.cpp kernels for the draft (default: auto, or "
-                    "$SPECLM_KERNELS)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the verifier's: it shuts us down
-    if args.cores:
-        os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
     try:
-        backend = load_model(args.model, args.n_ctx, args.threads, args.max_sequences, args.kernels)
+        cfg = worker_config(args)
+    except InvalidRequestError as exc:
+        ap.error(str(exc))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the verifier's: it shuts us down
+    if cfg.cores:
+        os.sched_setaffinity(0, set(cfg.cores))
+    try:
+        backend = load_model(args.model, cfg.n_ctx, cfg.threads, cfg.max_sequences, cfg.kernels)
     except Exception as exc:
         print(f"speculator: cannot load {args.model}: {exc}", file=sys.stderr)
         return 2
@@ -197,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     try:
-        sessions = args.sessions or max(1, args.max_sequences // (SSDOptions().fanout + 1))
+        sessions = cfg.sessions or max(1, cfg.max_sequences // (SSDOptions().fanout + 1))
         Worker(backend, sessions).serve(sock, args.parent_pid)
     finally:
         sock.close()
