@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...backends.base import N_CTX
 from ...errors import InvalidRequestError
 from ...options import Option, option, options_of
 from .options import SSDOptions
@@ -82,7 +83,7 @@ class SpeculatorConfig:
     sessions: int | None = worker_option(
         None, "requests served at once: each may fork max-sequences / sessions - 1 branches (default: "
         f"max-sequences / (fan-out {SSDOptions().fanout} + 1))", kind=int)
-    n_ctx: int = worker_option(4096, "context size of the draft in tokens")
+    n_ctx: int = worker_option(N_CTX, "context size of the draft in tokens")
     kernels: str | None = worker_option(None, "llama.cpp kernels for the draft (default: the LLM's request; "
                                         "a speculator started by hand: auto, or $SPECLM_KERNELS)")
     max_restarts: int = 5
