@@ -63,7 +63,7 @@ def test_one_record_reaches_the_bench(fixed3):
     bench_cli.add_bench_parser(p.add_subparsers(dest="command", required=True))
     cfg = bench_cli.resolve_args(p.parse_args(["bench", "--methods", fixed3, "--k", "3"]))["config"]
     assert [(m.name, k) for m, k in cfg.configs()] == [("ar", 0), (fixed3, 3)]
-    assert not bench_methods.get_method(fixed3).needs_draft
+    assert not bench_methods.bench_method(fixed3).needs_draft
 
 
 def test_one_record_reaches_the_server(fixed3):

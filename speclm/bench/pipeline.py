@@ -17,7 +17,7 @@ from .analysis.figures import analyse
 from .output.write import write_outputs
 from .run.sweep import run_plan
 from .setup.plan import BenchPlan
-from .trust.starvation import summarize
+from .trust.starvation import starvation_summary
 
 
 def run_pipeline(plan: BenchPlan, out_dir: Path, *, progress: bool = True) -> dict:
@@ -25,7 +25,7 @@ def run_pipeline(plan: BenchPlan, out_dir: Path, *, progress: bool = True) -> di
     {"summary", "manifest", "report" (report.md's path), "sections" (for the console)}."""
     measured = run_plan(plan, out_dir, progress=progress)
     run, models, cfg = measured.run, measured.models, plan.cfg
-    contamination = summarize(run.requests, cfg.to_dict()["contamination"])
+    contamination = starvation_summary(run.requests, cfg.to_dict()["contamination"])
     rounds = read_rounds(out_dir) if measured.ceilings else []
     figures = analyse(run.requests, run.concurrency, rounds, measured.ceilings,
                       targets=models.targets, drafts=list(models.drafts.values()),

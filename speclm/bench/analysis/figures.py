@@ -1,6 +1,6 @@
 """The analyse stage: every figure of a run, from its records alone (no model is loaded):
 the report's rows and verdicts (groups.py), the copy ceiling with its replays
-(ceiling.py), the variants section (variants.py), the halves, the Medusa heads, the SSD
+(ceiling.py), the variants section (pair_ranking.py), the halves, the Medusa heads, the SSD
 projection, the concurrency rows and pairs, the requests' latencies and the greedy
 divergences. Every row that names a config carries its label (groups.labelled), so the
 write stage only renders them."""
@@ -17,7 +17,7 @@ from .halves import halves
 from .heads import heads_rows
 from .projection import project
 from .scaling import paired
-from .variants import build_variants
+from .pair_ranking import build_variants
 
 
 @dataclass

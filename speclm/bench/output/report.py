@@ -12,7 +12,7 @@ from .sections import Section, warnings_section
 from .speculation import (ceiling_section, halves_section, heads_section, projection_section, ssd_section,
                           structured_section)
 from .trust import contamination_section
-from .variants import variants_section
+from .variants_section import variants_section
 
 
 def header_section(run, config: dict, manifest: dict) -> Section:
@@ -39,7 +39,7 @@ def plots_section(plots: list[str]) -> Section:
 def bench_sections(run, config: dict, manifest: dict, figures: Figures, plots: list[str], *,
                    contamination: dict | None = None) -> list[Section]:
     """`config`: BenchConfig.to_dict(), whose "contamination" carries what the trust checks
-    observed; `contamination`: the trust stage's verdict (trust.starvation.summarize);
+    observed; `contamination`: the trust stage's verdict (trust.starvation.starvation_summary);
     `plots`: their paths."""
     f, rows = figures, figures.rows
     trust = config.get("contamination") or {}

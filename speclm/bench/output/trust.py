@@ -31,7 +31,7 @@ def _share(d: dict | None) -> str:
 
 
 def contamination_section(c: dict | None, reruns: Sequence[dict] = ()) -> Section:
-    """`c` is trust.starvation.summarize's; `reruns` the log's re-run events."""
+    """`c` is trust.starvation.starvation_summary's; `reruns` the log's re-run events."""
     if not c:
         return Section("Contamination (CPU starvation) and re-runs", {"contamination": c})
     p = c["policy"]

@@ -24,7 +24,7 @@ from ...backends.load import load_backend
 from ...costs import time_blocks
 from ...errors import InvalidRequestError
 from ..analysis import quality
-from ..analysis.variants import V_KS, V_REPEATS
+from ..analysis.pair_ranking import V_KS, V_REPEATS
 from ..setup.plan import BenchPlan, ModelNames
 from .manifest import describe_model
 

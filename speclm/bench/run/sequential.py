@@ -41,7 +41,7 @@ from ..setup.methods import BASELINE, SCHEMA_BASELINE
 from ..setup.workloads import Prompt
 from ..trust import phases
 from ..trust.quiet import after_wait, busy_during, busy_warning, wait_for_quiet
-from ..trust.reruns import RerunQueue, Slot, Unit, rerunnable
+from ..trust.reruns import RerunQueue, RerunSlot, Unit, rerunnable
 from ..trust.starvation import judged_threads, starved_warnings
 from .concurrent import run_concurrency
 from .records import sampling_params, timed
@@ -139,7 +139,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
             if on_request:
                 on_request(rec)
 
-    def rerun(unit: Unit, slot: Slot, reason: str) -> tuple[dict, GenerationResult]:
+    def rerun(unit: Unit, slot: RerunSlot, reason: str) -> tuple[dict, GenerationResult]:
         ids, params, phase, prompt = unit.context
         rec, result = timed(arms[slot.arm_index], phase.scope(slot.arm_index), ids, params, slot.head,
                             threads[slot.arm_index], policy, cores, prompt)
@@ -168,7 +168,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                         rec, result = timed(arm, phase.scope(ai), ids, params, head, threads[ai], policy, cores,
                                             prompt)
                         base = arm.method.name in (BASELINE, SCHEMA_BASELINE)
-                        unit.slots.append(Slot(ai, base, again[ai], [(rec, result)], head))
+                        unit.slots.append(RerunSlot(ai, base, again[ai], [(rec, result)], head))
                     queue.add(unit)
     queue.finish()
     conc = run_concurrency(rows, dict(zip(prompts, encoded)), cfg, arms, on_concurrency, meta, sink)

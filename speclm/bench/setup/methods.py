@@ -102,7 +102,7 @@ def bench_methods(base: SpecConfig | None = None) -> dict[str, BenchMethod]:
     return out
 
 
-def get_method(name: str, base: SpecConfig | None = None) -> BenchMethod:
+def bench_method(name: str, base: SpecConfig | None = None) -> BenchMethod:
     """The bench method `name`; InvalidRequestError listing known names otherwise."""
     known = bench_methods(base)
     try:
@@ -115,9 +115,9 @@ def parse_methods(names: Sequence[str], base: SpecConfig | None = None) -> list[
     """Methods in the order given, duplicates dropped, the AR baseline always first (and
     constrained AR second when a +schema method is asked for: their baseline)."""
     seen = list(dict.fromkeys(n.strip() for n in names if n.strip()))
-    methods = [get_method(n, base) for n in seen]
+    methods = [bench_method(n, base) for n in seen]
     if any(m.constrained for m in methods) and SCHEMA_BASELINE not in seen:
-        methods.insert(0, get_method(SCHEMA_BASELINE, base))
+        methods.insert(0, bench_method(SCHEMA_BASELINE, base))
     if BASELINE not in seen:
-        methods.insert(0, get_method(BASELINE, base))
+        methods.insert(0, bench_method(BASELINE, base))
     return sorted(methods, key=lambda m: (m.name != BASELINE, m.name != SCHEMA_BASELINE))

@@ -10,7 +10,7 @@ that learns across requests (`rerunnable`: a shared suffix cache, online
 heads) is flagged but not re-run: its cache already holds the prompt's first
 output, so a re-run would measure a replay.
 
-A `Unit` is one prompt × repeat × T × max_new_tokens: its `Slot`s are the
+A `Unit` is one prompt × repeat × T × max_new_tokens: its `RerunSlot`s are the
 AR request and every method request run on it, each holding its attempts
 (the last one counts). `RerunQueue` keeps units in run order: a unit with
 nothing to re-run is finalized (written, identity checked) as soon as every
@@ -40,7 +40,7 @@ def rerunnable(arm) -> bool:
 
 
 @dataclass(eq=False)
-class Slot:
+class RerunSlot:
     """One request of a unit and its attempts [(record, result), ...], the last current."""
 
     arm_index: int
@@ -70,10 +70,10 @@ class Slot:
 class Unit:
     """The requests of one prompt × repeat × T × max_new_tokens (AR first)."""
 
-    slots: list[Slot]
+    slots: list[RerunSlot]
     context: Any = None  # what run/sequential.py needs to re-run them (prompt ids, params, ...)
 
-    def wants(self, max_reruns: int) -> list[Slot]:
+    def wants(self, max_reruns: int) -> list[RerunSlot]:
         """The slots to re-run in the next pass (AR partner first), or []."""
         starved = [s for s in self.slots if s.starved and s.rerunnable and s.reruns < max_reruns]
         if not starved:
@@ -82,7 +82,7 @@ class Unit:
         return sorted(ar + starved, key=lambda s: not s.baseline)
 
 
-Rerun = Callable[[Unit, Slot, str], tuple[dict, Any]]
+Rerun = Callable[[Unit, RerunSlot, str], tuple[dict, Any]]
 
 
 class RerunQueue:
@@ -109,7 +109,7 @@ class RerunQueue:
                     self.log.unresolved.append({"request_id": s.record["request_id"], "why": self._why(s)})
             self.finalize(unit)
 
-    def _why(self, s: Slot) -> str:
+    def _why(self, s: RerunSlot) -> str:
         """Why a slot is left starved."""
         if not s.rerunnable:
             return ("not re-run: the method learns across requests (its cache holds this prompt's first "
@@ -135,7 +135,7 @@ class RerunQueue:
                     self._run(unit, slot, n, starved_ids)
         self._flush(final=True)
 
-    def _run(self, unit: Unit, slot: Slot, n: int, starved_ids: list[str]) -> None:
+    def _run(self, unit: Unit, slot: RerunSlot, n: int, starved_ids: list[str]) -> None:
         before = slot.record
         reason = "starved" if slot.starved else "AR partner"
         detail = before["starved"] if slot.starved else f"AR partner of {', '.join(starved_ids)}"

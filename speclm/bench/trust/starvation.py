@@ -8,7 +8,7 @@ is close to min(threads, cores); another process holding a core drags it down
 (llama.cpp's threads wait for each other: docs/bench.md#trust). A share below
 `min_share` × min(threads, cores) (default 0.6) flags the request as starved.
 Requests whose thread count is unknown (toy backends) are never flagged.
-`summarize` is summary.json's "contamination": what was flagged, re-run and left.
+`starvation_summary` is summary.json's "contamination": what was flagged, re-run and left.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def starved_warnings(requests: Sequence[dict], rows: Sequence[dict]) -> list[str
     return out
 
 
-def summarize(requests: Sequence[dict], contamination: dict | None) -> dict | None:
+def starvation_summary(requests: Sequence[dict], contamination: dict | None) -> dict | None:
     """summary["contamination"]: the policy, the quiet waits, how many requests were
     checked, flagged, re-run (by reason) and are still starved. None without a policy."""
     if not contamination:

@@ -1,4 +1,4 @@
-"""The "Variants" section of a targets × drafts sweep (analysis/variants.py): one line per
+"""The "Variants" section of a targets × drafts sweep (analysis/pair_ranking.py): one line per
 target × draft, then the best pair."""
 
 from __future__ import annotations
