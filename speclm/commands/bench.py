@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from rich.console import Console
@@ -34,6 +35,7 @@ from ..bench.setup.config import BenchConfig
 from ..bench.setup.workloads import WorkloadConfig
 from ..bench.trust.policy import TrustPolicy
 from ..bench.trust.quiet import busy_warning
+from ..speculative.replay import BOUNDS, POLICIES
 from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
 from .options import add_json_option, add_options, add_spec_options, build, spec_from_args, speculator_config
 
@@ -47,6 +49,16 @@ def _names(text: str) -> list[str]:
     if not names:
         raise argparse.ArgumentTypeError("expected at least one model name")
     return names
+
+
+def _listed(names: Iterable[str], default: str | None = None, what: dict[str, str] | None = None) -> str:
+    """'a, b or c' of `names` (a help list made from the list it describes), each followed
+    by what it is where `what` says, the default marked."""
+    items = []
+    for n in names:
+        notes = ([what[n]] if what else []) + (["default"] if n == default else [])
+        items.append(f"{n} ({'; '.join(notes)})" if notes else n)
+    return f"{', '.join(items[:-1])} or {items[-1]}" if len(items) > 1 else "".join(items)
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -82,15 +94,14 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                     "would have reached and the share of the ceiling's gain it keeps.")
     r.add_argument("run_dir", metavar="RUN_DIR", help="a `speclm bench` output directory")
     r.add_argument("--policy", type=_names, default=["auto"],
-                   help="policies, comma-separated (default auto): auto, runlength, recent, "
-                        "or known-cells (a bound: auto with its calibration known in advance)")
+                   help=f"policies, comma-separated: {_listed(POLICIES, 'auto')}; or, a bound reading the run's "
+                        f"outcomes in advance, {_listed(BOUNDS)}")
     r.add_argument("--suffix-rematch", choices=("on", "off"), default=None,
                    help="replay with the suffix drafter's rematch on or off (default: as the run drafted); "
                         "the kept share is then of that drafter's ceiling")
     r.add_argument("--costs", choices=COSTS, default="recorded",
-                   help="the cost curve to price at: recorded (as the run's ceiling was; default), timed "
-                        "(timed after the requests) or observed (the requests' own forwards, from "
-                        "rounds.jsonl); the ceilings are recomputed at it")
+                   help=f"the cost curve to price at: {_listed(COSTS, 'recorded', COSTS)}; the ceilings are "
+                        "recomputed at it")
     add_json_option(r)
     r.set_defaults(func=cmd_replay)
     return b

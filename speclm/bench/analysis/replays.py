@@ -31,7 +31,8 @@ def load_run(run_dir: Path) -> tuple[dict[str, list[Stream]], list[dict]]:
     return by_target, json.loads(summary_file.read_text(encoding="utf-8")).get("copy_ceiling", [])
 
 
-COSTS = ("recorded", "timed", "observed")  # for --costs
+COSTS = {"recorded": "as the run's ceiling was", "timed": "timed after the requests",
+         "observed": "the requests' own forwards, from rounds.jsonl"}  # the curves to price at: --costs
 
 
 def replay_run(run_dir: Path, policies: list[str], rematch: bool | None = None, costs: str = "recorded") -> list[dict]:
