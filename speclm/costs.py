@@ -24,7 +24,7 @@ from typing import Protocol
 from .metrics import RoundRecord
 
 
-class Backend(Protocol):
+class TimedBackend(Protocol):
     """What timing needs of a backend (speclm.backends.base.Backend has it all;
     costs sit below the backends, so they name the methods instead of importing it)."""
 
@@ -54,7 +54,7 @@ def ewma(old: float | None, new: float, weight: float = EWMA_WEIGHT) -> float:
     return new if old is None else old + weight * (new - old)
 
 
-def time_blocks(backends: Sequence[Backend], context: list[int], block: list[int], sizes: Sequence[int],
+def time_blocks(backends: Sequence[TimedBackend], context: list[int], block: list[int], sizes: Sequence[int],
                 repeats: int, say: Callable[[str], None] | None = None) -> list[dict[int, list[float]]]:
     """ms to score block[:b] after `context`, per backend and size b, `repeats` times,
     interleaved across the backends (round-robin) so machine noise hits all alike.
@@ -86,7 +86,7 @@ def time_blocks(backends: Sequence[Backend], context: list[int], block: list[int
     return times
 
 
-def time_curve(backend: Backend, sizes: Sequence[int], context: list[int] | int = 64, repeats: int = 2,
+def time_curve(backend: TimedBackend, sizes: Sequence[int], context: list[int] | int = 64, repeats: int = 2,
                statistic: Callable[[list[float]], float] = min) -> dict[int, float]:
     """v(b) in ms for each size b: the `statistic` of `repeats` timings after `context`
     (token ids, or that many filler tokens; trimmed so context and block fit)."""
@@ -208,7 +208,7 @@ class CostModel:
 TIMED_K = 16  # the largest K whose block (K + 1 rows) calibrate() times: longer blocks are priced by extrapolation
 
 
-def calibrate(target: Backend, draft: Backend | None, max_block: int = TIMED_K + 1, repeats: int = 2,
+def calibrate(target: TimedBackend, draft: TimedBackend | None, max_block: int = TIMED_K + 1, repeats: int = 2,
               blocks: Sequence[int] | None = None, context: int = 64,
               statistic: Callable[[list[float]], float] = min,
               known: dict[int, float] | None = None) -> CostModel:
@@ -278,7 +278,7 @@ def observed_curve(timed: dict[int, float], forwards: Iterable[tuple[int, float]
     at its timed v(b) times the observed/timed ratio of the nearest size that was (the
     smaller on a tie), or as timed when none was: a run that ran one size often keeps the
     timed curve's shape. A curve timed in one sitting can miss the run's costs by a slow
-    minute (run R33, extract: v(1) timed 56.0 ms, the median of its requests' steps 49.7 ms)."""
+    minute (docs/bench.md records by how much)."""
     seen: dict[int, list[float]] = {}
     for rows, ms in forwards:
         seen.setdefault(rows, []).append(ms)

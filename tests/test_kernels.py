@@ -215,9 +215,9 @@ def test_logits_agree_within_the_tolerance_and_not_beyond():
 def test_decoding_is_scored_by_one_step_and_speculation_by_the_whole_curve():
     cheap_blocks = {1: 100.0, 2: 120.0, 4: 150.0, 8: 200.0, 16: 300.0}
     dear_blocks = {1: 90.0, 2: 180.0, 4: 360.0, 8: 720.0, 16: 1440.0}
-    assert probe.goodput(dear_blocks, "decoding") > probe.goodput(cheap_blocks, "decoding")
-    assert probe.goodput(cheap_blocks, "speculation") > 2 * probe.goodput(dear_blocks, "speculation")
-    assert probe.goodput(dear_blocks, "speculation") >= probe.goodput(dear_blocks, "decoding") * (1 - 1e-12)  # K = 0
+    assert probe.work_rate(dear_blocks, "decoding") > probe.work_rate(cheap_blocks, "decoding")
+    assert probe.work_rate(cheap_blocks, "speculation") > 2 * probe.work_rate(dear_blocks, "speculation")
+    assert probe.work_rate(dear_blocks, "speculation") >= probe.work_rate(dear_blocks, "decoding") * (1 - 1e-12)  # K = 0
 
 
 def test_a_configuration_must_beat_an_earlier_one_by_the_tie_margin(smol_path):
@@ -283,9 +283,9 @@ def test_a_server_is_given_the_kernels_of_its_full_load_and_one_stream_those_of_
     assert one.name == "repack+tiled" and one.reason.startswith("auto: fastest for speculation")
     assert served.name == "repack" and served.reason.startswith("auto: fastest for serving 16 streams")
     # 16 one-token blocks: one forward each (400 against 600 ms; no split the engine would run is cheaper)
-    assert probe.goodput(REPACK, "serving", 16) == pytest.approx(16_000 / 400)
-    assert probe.goodput(TILED, "serving", 16) == pytest.approx(16_000 / 600)
-    assert probe.goodput(TILED, "serving", 1) == probe.goodput(TILED, "speculation")  # one stream speculates
+    assert probe.work_rate(REPACK, "serving", 16) == pytest.approx(16_000 / 400)
+    assert probe.work_rate(TILED, "serving", 16) == pytest.approx(16_000 / 600)
+    assert probe.work_rate(TILED, "serving", 1) == probe.work_rate(TILED, "speculation")  # one stream speculates
 
 
 @pytest.mark.parametrize("concurrency,work", [("16", "serving"), ("1", "speculation")])

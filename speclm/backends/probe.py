@@ -277,10 +277,10 @@ class Prober:
 
 
 # ---- choosing ---------------------------------------------------------------------------
-WORKS = ("speculation", "decoding", "serving")  # what a process loads a model for (goodput scores each)
+WORKS = ("speculation", "decoding", "serving")  # what a process loads a model for (work_rate scores each)
 
 
-def goodput(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
+def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
     """Tokens per second the curve gives the work, its rounds priced as the controller
     prices them (costs.round_rate: E / (v(K + 1) + o)): one token a round at K = 0 for
     decoding; for speculation, the geometric mean over GOODPUT_ALPHAS of the best rate
@@ -396,7 +396,7 @@ def _pick(path: Path, request: str, work: str, build: K.BuildInfo, wanted: dict[
         n = next(iter(usable))
         raise InvalidRequestError(f"kernels {request} for {path.name}: {K.PROCESS.fits(K.parse_config(n), build)}; "
                                   f"load it in a new process, or with --kernels auto")
-    scores = {n: goodput(v.v_ms, work, streams) for n, v in fitting.items()}
+    scores = {n: work_rate(v.v_ms, work, streams) for n, v in fitting.items()}
     best = next(iter(fitting))  # build order: llama.cpp's default first
     for n in fitting:
         if scores[n] > scores[best] * (1 + TIE):

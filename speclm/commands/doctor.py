@@ -44,8 +44,8 @@ def _model_report(name: str, work: str, request: str | None, threads: int | None
     path = resolve_model(name)
     choice = probe.choose_kernels(path, request, threads, work, apply=False)
     rows = {n: {"verdict": v.describe(), "v_ms": {str(b): round(v.v_ms[b], 1) for b in SHOWN_BLOCKS if b in v.v_ms},
-                "speculation_tok_s": round(probe.goodput(v.v_ms, "speculation"), 2) if v.v_ms else None,
-                "decoding_tok_s": round(probe.goodput(v.v_ms, "decoding"), 2) if v.v_ms else None}
+                "speculation_tok_s": round(probe.work_rate(v.v_ms, "speculation"), 2) if v.v_ms else None,
+                "decoding_tok_s": round(probe.work_rate(v.v_ms, "decoding"), 2) if v.v_ms else None}
             for n, v in choice.verdicts.items()}
     return {"name": name, "file": path.name, "uses": choice.name, "reason": choice.reason, "configs": rows,
             "_path": path, "_choice": choice}
@@ -91,7 +91,7 @@ def diagnose(target: str | None = None, threads: int | None = None, request: str
         base = models[0]["_choice"]
         mine = report["_choice"]
         report["speedup_vs_target"] = {
-            work: round(probe.goodput(mine.v_ms, work) / probe.goodput(base.v_ms, work), 3)
+            work: round(probe.work_rate(mine.v_ms, work) / probe.work_rate(base.v_ms, work), 3)
             for work in ("speculation", "decoding")}
         variants.append(report)
     if variants and quality:

@@ -68,18 +68,18 @@ class Replayed:
 Policy = Callable[[CostModel, Calibration, int, dict], Controller]
 
 
-def goodput(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
+def auto_policy(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
     """Method auto's controller, as the LLM builds it for suffix drafting."""
     return GoodputController(cost, k_max=k_max, calibration=calibration, per_position=True)
 
 
-def runlength(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
+def runlength_policy(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
     """The goodput controller keeping the prefix that learnt run lengths favour (policies.py)."""
     return RunLengthController(cost, k_max=k_max, calibration=calibration,
                                runs=shared.setdefault("runs", RunLengths(k_max)))
 
 
-def recent(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
+def recent_policy(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) -> Controller:
     """The goodput controller with a per-request bias on the shared calibration, each
     request starting from the last one's (policies.py)."""
     last = shared.get("recent")
@@ -87,10 +87,10 @@ def recent(cost: CostModel, calibration: Calibration, k_max: int, shared: dict) 
     return GoodputController(cost, k_max=k_max, calibration=bias, per_position=True)
 
 
-POLICIES: dict[str, Policy] = {"auto": goodput, "runlength": runlength, "recent": recent}  # for --policy
+POLICIES: dict[str, Policy] = {"auto": auto_policy, "runlength": runlength_policy, "recent": recent_policy}  # for --policy
 
 
-def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], policy: Policy = goodput,
+def replay(streams: Sequence[Stream], curves: dict[str, dict[int, float]], policy: Policy = auto_policy,
            k_max: int = COPY_K, suffix: SuffixConfig | None = None, cache_tokens: int = 100_000,
            keep_ks: bool = False, calibration: Calibration | None = None) -> list[Replayed]:
     """One Replayed per category (in run order). curves: category -> v(b) in ms, the
@@ -133,7 +133,7 @@ def known_cells(streams: Sequence[Stream], curves: dict[str, dict[int, float]], 
     (policies.KnownCells). A controller of auto's kind, with these features, keeps about this
     much at best; what the ceiling holds beyond it takes knowing more than the cells do."""
     counted = Calibration(decay=1.0)
-    replay(streams, curves, goodput, k_max, suffix, calibration=counted)
+    replay(streams, curves, auto_policy, k_max, suffix, calibration=counted)
     known = KnownCells(counted)
     return replay(streams, curves, lambda cost, _, k, __: GoodputController(cost, k_max=k, calibration=known,
                                                                              per_position=True), k_max, suffix)
