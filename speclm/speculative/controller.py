@@ -13,8 +13,8 @@ probe runs every `probe_every` rounds; a fully accepted probe is followed at
 once by one twice as long, so a workload that turns predictable brings
 speculation back within a few probes. A probe that fails doubles the gap to
 the next (up to PROBE_BACKOFF · probe_every rounds), so on an unpredictable
-workload the probes' cost shrinks as the evidence grows (run W13, chat: 35
-probes in 1,100 rounds, a third accepted, ~1 % of the time).
+workload the probes' cost shrinks as the evidence grows (docs/design.md
+gives a measured case).
 
 Per-position rule (a free proposer whose drafts carry per-token estimates,
 e.g. suffix decoding): choose() lets the proposer draft K_max and
@@ -91,8 +91,7 @@ def match_group(match_len: int | None, source: str | None = None) -> int | tuple
     (0: no match length known; then 1, 2-3, 4-7, 8-15, 16-31, 32+), per source of
     the draft when one is named: a continuation of the request's own context and
     one from other requests' outputs are not equally reliable at the same count
-    and match (run W13: cache drafts got 0.6 of their calibrated accepted tokens
-    on humaneval and 0.15 on chat, own drafts 1.1–1.2× on multi-turn-edit)."""
+    and match (docs/results.md#w13 shows how far apart they were)."""
     group = 0 if not match_len else min(match_len.bit_length(), 6)
     return group if source is None else (source, group)
 

@@ -5,12 +5,10 @@ controller makes of it. This module separates them, per target and category,
 from a run's own greedy AR outputs and its own cost curve v(b): the ms to score
 a block of b rows, timed after the target's requests, per category after as many
 tokens as the category's average round sees (a long context makes a one-row
-step dearer relative to a block on one file, cheaper on another: the shipped
-file's v(16) / v(1) was 7.5 after 64 tokens and 8.6 in multi-turn-edit's rounds,
-iq4_nl-pure's 8.1 and 6.5, run W21). Where the category's requests ran a block
+step dearer relative to a block on one file, cheaper on another). Where the category's requests ran a block
 size often enough, its price is what their own forwards cost instead
-(`observed_curves`): a curve timed in one sitting missed the run's v(1) by 12 %
-in two categories of run R33, and the measured speedup the ceiling is set beside
+(`observed_curves`): a curve timed in one sitting can miss the run's v(1), and
+the measured speedup the ceiling is set beside
 is priced by the requests' own forwards:
 
 - **drafter**: the AR outputs, in run order, are replayed through a fresh
@@ -38,9 +36,7 @@ cost (n rounds of v(1)) ÷ that least cost: the decode-only speedup no choice of
 beats with those drafts at those costs, and never below 1 (K = 0 throughout is
 AR). It is an estimate: the curve is timed at one context length per category
 and a perfect controller seeks out whichever block size timed cheap, so the
-curve's noise moves it (run W21's ceilings from one curve timed after 64
-tokens and from per-category curves timed just after the run differed by
--0.08 to +0.22). Greedy only (T = 0): at T > 0 acceptance is random. The
+curve's noise moves it (docs/bench.md says by how much). Greedy only (T = 0): at T > 0 acceptance is random. The
 report sets it beside the measured decode-only speedup of the methods that
 draft by suffix.
 """

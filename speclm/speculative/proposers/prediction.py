@@ -30,8 +30,8 @@ import numpy as np
 from ...metrics import PredictionCounts
 from .suffix_index import Match
 
-PRIOR = 1  # Laplace's rule: a fresh alignment's first token 0.5 (4, tried on run P2, verified 15-token
-# drafts after one-token realignments that the answer then left at once)
+PRIOR = 1  # Laplace's rule: a fresh alignment's first token 0.5 (a prior of 4 verified 15-token drafts
+# after one-token realignments that the answer then left at once)
 REALIGN_MAX = 16  # the longest tail of the answer matched against the prediction to realign
 SUBSTITUTION_MAX = 32  # bytes of answer text since it left the prediction that may replace as many
 

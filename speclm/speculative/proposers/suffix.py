@@ -39,7 +39,7 @@ class SuffixProposer(Proposer):
     (its source and the match its estimate rests on). Each draft carries its per-token
     estimates, the match it continues and its source ("own", "cache", with
     "-first" for an answer's first draft, which continues the chat template's
-    header whatever the request asks: run W17), so a controller can keep the
+    header whatever the request asks), so a controller can keep the
     prefix that pays (the loop asks it: GoodputController.keep).
     One proposer per request; close() commits the request to the cache.
     """
