@@ -6,9 +6,10 @@ few seconds the server's RSS (/proc) and what its caches hold (/metrics, read
 from loopback). A failed request ends the run with its error.
 Once every cache is at its bound, RSS should stay flat: growth after that is
 memory the caches do not account for. One phase with the prefix cache on, one
-with it off; a CSV and a plot go to --out.
+with it off (--phase on|off for one of them); a CSV and a plot go to --out.
 
     python scripts/soak.py --minutes 5 --out /tmp/soak
+    python scripts/soak.py --phase on --minutes 60 --every 30 --out /tmp/soak-hour
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def plot(rows: list[dict], path: Path, args: argparse.Namespace) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, name in zip(axes, ("prefix-cache-on", "prefix-cache-off")):
         mine = [r for r in rows if r["phase"] == name]
+        if not mine:
+            ax.set_visible(False)
+            continue
         t = [r["seconds"] for r in mine]
         ax.plot(t, [r["rss_mb"] for r in mine], color="black", label="server RSS (MB)")
         ax.set_title(name)
@@ -142,11 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--suffix-tokens", type=int, default=4000)
     ap.add_argument("--prefix-tokens", type=int, default=2000)
     ap.add_argument("--out", type=Path, default=Path("soak"))
+    ap.add_argument("--phase", choices=("both", "on", "off"), default="both", help="prefix cache on, off, or both")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    phase("prefix-cache-on", args.prefix_tokens, args, rows)
-    phase("prefix-cache-off", 0, args, rows)
+    if args.phase in ("both", "on"):
+        phase("prefix-cache-on", args.prefix_tokens, args, rows)
+    if args.phase in ("both", "off"):
+        phase("prefix-cache-off", 0, args, rows)
     with open(args.out / "soak.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
