@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...api import LLM
+from ...backends.base import N_CTX
 from ...costs import TIMED_K
 from ...errors import InvalidRequestError
 from ...models.catalog import resolve_model
@@ -21,8 +22,6 @@ from ...models.registry import DEFAULT_TARGET, default_draft
 from ...speculative.methods import METHODS as TABLE
 from .config import BenchConfig
 from .workloads import Prompt
-
-N_CTX = 4096  # the context each loaded model gets unless --n-ctx says otherwise
 
 
 @dataclass
