@@ -119,17 +119,21 @@ def machine_key() -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def model_key(path: Path, threads: int) -> str:
+def file_key(path: Path) -> str:
     """The file by its content (its size, first 4 MiB and last 1 MiB: the header, the
-    tensor types and the head), so a copy shares its verdicts and a re-quantisation does not;
-    and the thread count, which the timings (and a crash that needs threads) depend on."""
+    tensor types and the head), so a copy shares its verdicts and a re-quantisation does not."""
     size = path.stat().st_size
     h = hashlib.sha256(str(size).encode())
     with open(path, "rb") as fh:
         h.update(fh.read(4 << 20))
         fh.seek(max(0, size - (1 << 20)))
         h.update(fh.read())
-    return f"{path.name}|{h.hexdigest()[:16]}|{threads} threads"
+    return f"{path.name}|{h.hexdigest()[:16]}"
+
+
+def model_key(path: Path, threads: int) -> str:
+    """The file and the thread count, which the timings (and a crash that needs threads) depend on."""
+    return f"{file_key(path)}|{threads} threads"
 
 
 def cache_path() -> Path:
@@ -173,7 +177,7 @@ def forget(path: Path | None = None) -> None:
             if path is None:
                 machine["models"] = {}
             else:
-                mine = model_key(path, 1).rpartition("|")[0] + "|"
+                mine = file_key(path) + "|"
                 machine["models"] = {k: v for k, v in machine.get("models", {}).items() if not k.startswith(mine)}
 
 
