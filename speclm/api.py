@@ -258,20 +258,21 @@ class LLM:
         draft's step when `proposal` drafts with the draft model. Later calls return that
         (never updated: each scope learns on its own copy, `cost_model`).
         Timing takes a free KV sequence under backend_lock, so it never runs alongside
-        another thread's forwards; BusyError when every sequence is held by requests
-        (a server measures every proposal it may use before it takes any)."""
+        another thread's forwards; BusyError when every sequence of a model it must time
+        is held by requests (a server measures every proposal it may use before it takes any)."""
         with self._costs_lock:
             if proposal not in self._measured:
                 draft = self.draft if self._needs_draft(proposal) else None
+                known = self._known_curve()
                 with self.backend_lock:
-                    for backend in (self.target, draft):
+                    for backend in (self.target if known is None else None, draft):  # the ones timed now
                         if backend is not None and backend.max_sequences is not None \
                                 and backend.live_sequences >= backend.max_sequences:
                             raise BusyError(f"all {backend.max_sequences} KV sequences of {backend.name} are in "
                                             f"use, and measuring the costs of {proposal or 'decoding'} needs one: "
                                             "retry when a request has finished")
                     self._measured[proposal] = calibrate(self.target, draft, max_block=min(k, TIMED_K) + 1,
-                                                         known=self._known_curve())
+                                                         known=known)
             return self._measured[proposal]
 
     def start(self, prompt_ids: list[int], params: SamplingParams, spec: SpecConfig,

@@ -134,6 +134,20 @@ def test_the_first_speculating_request_starts_from_the_probes_curve(smollm, monk
         LLM(target=target).measure_costs("suffix", 16)
 
 
+def test_costs_read_from_the_probes_curve_need_no_free_sequence(smollm):
+    """Nothing is timed, so a first speculating request is not busy while requests hold
+    every KV sequence (a model that must be timed is: tests/test_server_busy.py)."""
+    from speclm import LLM
+    target = smollm.target
+    held = [target.new_sequence() for _ in range(target.max_sequences - target.live_sequences)]
+    try:
+        cost = LLM(target=target).measure_costs("suffix", 16)
+    finally:
+        for seq in held:
+            target.free(seq)
+    assert cost.verify_ms == target.kernel_choice.curve(target.n_threads)
+
+
 def test_a_configuration_checked_only_as_the_small_models_screen_is_timed_when_that_model_loads(verdicts,
                                                                                                 smol_path):
     probe._record(smol_path, 2, {"repack": probe.Verdict("repack", "ok")})  # what a larger model's screen leaves
