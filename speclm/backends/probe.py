@@ -36,9 +36,11 @@ from ..errors import BackendError, InvalidRequestError, ModelError, SpeclmError,
 from ..machine import cpu_flags, cpu_model
 from . import kernels as K
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: v(32) and v(64) timed too (verdicts of 1 lack them: probed again)
 PROBE_BLOCKS = (1, 2, 3, 8, 16)  # the forwards whose logits are checked
-TIMED_BLOCKS = (1, 2, 4, 8, 16)  # v(b) measured for each usable configuration
+# v(b) measured for each usable configuration: one stream's blocks up to 16, and a server's
+# steps (16 streams with 2 or 4 rows each), which per row cost less than 16 rows (docs/kernels.md)
+TIMED_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 PROBE_CONTEXT = 64  # tokens in the KV before the timed blocks
 PROBE_TIMEOUT_S = 180.0  # $SPECLM_PROBE_TIMEOUT overrides
 LOGIT_TOLERANCE = 1.5  # max |Δ logit| against the plain kernels (measured between sound paths: 0.3-0.5)
@@ -293,7 +295,7 @@ def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
     get together when each decodes one token a step, the step priced as the engine
     prices it (CostModel.groups: one forward, or the split it would run). A server is
     chosen for its full load: at 16 streams a step is compute-bound and K falls to 0."""
-    from ..costs import CostModel, best_rate, round_rate
+    from ..costs import TIMED_K, CostModel, best_rate, round_rate
     if not v_ms:
         return 0.0
     cost = CostModel(verify_ms=dict(v_ms))
@@ -302,7 +304,7 @@ def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
     if work == "serving" and streams > 1:
         blocks = {seq: 1 for seq in range(streams)}
         return 1000.0 * streams / sum(cost.step({s: 1 for s in group}) for group in cost.groups(blocks))
-    best = [best_rate(cost, a, max(v_ms) - 1) for a in GOODPUT_ALPHAS]
+    best = [best_rate(cost, a, min(max(v_ms) - 1, TIMED_K)) for a in GOODPUT_ALPHAS]
     return 1000.0 * float(np.exp(np.mean(np.log(best))))
 
 

@@ -21,7 +21,6 @@ from ..backends.load import LoadConfig
 from .options import add_json_option, add_options
 from ..machine import cpu_model, isa_flags
 
-SHOWN_BLOCKS = (1, 2, 4, 8, 16)
 AMX_REBUILD = ("CMAKE_ARGS=\"-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "
                "-DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'\" pip install --force-reinstall "
                "--no-deps --no-cache-dir llama-cpp-python==0.3.36")
@@ -43,7 +42,7 @@ def _model_report(name: str, work: str, request: str | None, threads: int | None
     from ..models.catalog import resolve_model
     path = resolve_model(name)
     choice = probe.choose_kernels(path, request, threads, work, apply=False)
-    rows = {n: {"verdict": v.describe(), "v_ms": {str(b): round(v.v_ms[b], 1) for b in SHOWN_BLOCKS if b in v.v_ms},
+    rows = {n: {"verdict": v.describe(), "v_ms": {str(b): round(ms, 1) for b, ms in sorted(v.v_ms.items())},
                 "speculation_tok_s": round(probe.work_rate(v.v_ms, "speculation"), 2) if v.v_ms else None,
                 "decoding_tok_s": round(probe.work_rate(v.v_ms, "decoding"), 2) if v.v_ms else None}
             for n, v in choice.verdicts.items()}
@@ -121,12 +120,12 @@ def render(d: dict) -> str:
              f"verdicts     {d['verdict_file']} (machine key {d['machine_key']})"]
     for m in d["models"] + d["variants"]:
         lines += ["", f"{m['name']} ({m['file']})",
-                  f"  {'kernels':<14}{'verdict':<34}" + "".join(f"{f'v({b})':>8}" for b in SHOWN_BLOCKS)
+                  f"  {'kernels':<14}{'verdict':<34}" + "".join(f"{f'v({b})':>8}" for b in probe.TIMED_BLOCKS)
                   + f"{'spec tok/s':>12}{'AR tok/s':>10}"]
         for name, row in m["configs"].items():
             v = row["v_ms"]
             lines.append(f"  {name:<14}{row['verdict'][:33]:<34}"
-                         + "".join(f"{v.get(str(b), '-'):>8}" for b in SHOWN_BLOCKS)
+                         + "".join(f"{v.get(str(b), '-'):>8}" for b in probe.TIMED_BLOCKS)
                          + f"{row['speculation_tok_s'] or '-':>12}{row['decoding_tok_s'] or '-':>10}")
         lines.append(f"  speclm uses: {m['uses']} ({m['reason']})")
         if "speedup_vs_target" in m:
