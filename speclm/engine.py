@@ -247,7 +247,7 @@ class Engine:
         owner = {id(gen): handle for handle, gen in live}
         with self.llm.backend_lock:
             slots = plan_step([gen for _, gen in live], self.llm.target.n_ctx, self.prefill_chunk,
-                              split=self.forward_costs is not None)
+                              split=self.forward_costs is not None, costs=self.forward_costs)
             run_step(self.llm.target, slots, self.forward_costs)
         for s in slots:
             if s.error is not None or s.finished:

@@ -247,7 +247,7 @@ def test_a_step_counts_prefill_chunk_rows_in_the_yield_its_decoders_plan_for():
         def __init__(self):
             self.shared = []
 
-        def share_step(self, blocks, expected, seq, split=False):
+        def share_step(self, blocks, expected, seq, split=False, joint=False):
             self.shared.append((dict(blocks), expected))
 
         def choose(self, k_cap):

@@ -58,6 +58,7 @@ class Controller:
     planned round should emit (expected_for)."""
 
     prefix_note: str | None = None  # why keep() kept what it kept (the trace shows it)
+    prefix_expected: list[float] | None = None  # E[tokens] verifying m of the draft last kept, m = 0..len
 
     def choose(self, k_cap: int) -> tuple[int, str | None]:
         return k_cap, None
@@ -65,8 +66,12 @@ class Controller:
     def keep(self, draft: Draft, at: int) -> int:
         return len(draft)
 
-    def share_step(self, blocks: dict[int, int], expected: float, seq: int, split: bool = False) -> None:
+    def share_step(self, blocks: dict[int, int], expected: float, seq: int, split: bool = False,
+                   joint: bool = False) -> None:
         """The other sequences' blocks in the same forward (a fixed K ignores them)."""
+
+    def recut(self, m: int) -> None:
+        """The step verifies m tokens of the draft last kept instead (steps.even_blocks)."""
 
     def expected_for(self, n_drafted: int) -> float:
         """E[tokens emitted] by the round just planned with n_drafted tokens (a fixed K:
@@ -179,6 +184,7 @@ class GoodputController(Controller):
         self.calibration = calibration if calibration is not None else Calibration()
         self.per_position = per_position  # True: drafts carry estimates, choose_prefix() cuts them
         self.shared_blocks: dict[int, int] = {}  # other sequences' blocks in the same forward (share_step)
+        self.joint = False  # the step may re-cut every request's block together (share_step)
         self.shared_expected = 0.0
         self.step_ms: Callable[[int], float] = lambda b: cost.step({-1: b})  # ms of the next step given my block
         self.planned_expected = 1.0  # E[tokens] of the round last planned (for the step's other requests)
@@ -198,7 +204,8 @@ class GoodputController(Controller):
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected)
 
-    def share_step(self, blocks: dict[int, int], expected: float, seq: int, split: bool = False) -> None:
+    def share_step(self, blocks: dict[int, int], expected: float, seq: int, split: bool = False,
+                   joint: bool = False) -> None:
         """The next round's forward, on sequence `seq`, also carries other sequences'
         blocks (blocks[seq'] tokens), expected to emit `expected` tokens, prompt rows of
         prefill chunks counted as tokens (a batching engine says so before each plan;
@@ -207,8 +214,10 @@ class GoodputController(Controller):
         so it falls to 0 once the batch is compute-bound, or when a block longer
         than the others would cost a pass of its own that its tokens do not pay for.
         split: the engine runs the step as the forwards CostModel.groups picks, so
-        the step is priced that way (a drafted row can move where the split falls)."""
-        self.shared_blocks, self.shared_expected = dict(blocks), expected
+        the step is priced that way (a drafted row can move where the split falls).
+        joint: the step may then re-cut the blocks of all its requests together
+        (steps.even_blocks), so a request drafts even where its own block would not pay."""
+        self.shared_blocks, self.shared_expected, self.joint = dict(blocks), expected, joint
         self.step_ms = self.cost.pricer(self.shared_blocks, seq, split)
 
     def _step_rate(self, emitted: float, k: int) -> float:
@@ -244,9 +253,10 @@ class GoodputController(Controller):
     def choose(self, k_cap: int) -> tuple[int, str]:
         cap = min(self.k_max, k_cap)
         self._predicted = []
+        self.prefix_expected = None
         self.planned_expected = 1.0
         if self.per_position:
-            if cap >= 1 and not self.could_pay(cap):
+            if cap >= 1 and not self.joint and not self.could_pay(cap):
                 return 0, f"K=0: no K pays even at alpha={OPTIMISTIC_ALPHA} with these costs"
             return cap, f"draft up to K={cap}; the prefix is chosen from the draft's estimates"
         best = max(range(cap + 1), key=self.rate)
@@ -319,7 +329,16 @@ class GoodputController(Controller):
             self._predicted = list(zip(conf[:best], groups[:best]))
         self.prefix_note = note
         self.planned_expected = exp[best]
+        self.prefix_expected = exp
         return best
+
+    def recut(self, m: int) -> None:
+        """The step verifies m tokens of the draft last cut (a joint choice over its
+        requests, steps.even_blocks). Its gain belongs to the step, so the source's
+        ledger, which prices a request's own cuts, leaves this round out."""
+        self.planned_expected = self.prefix_expected[m] if self.prefix_expected else 1.0
+        self.prefix_note = f"K={m}: the step's even block (E={self.planned_expected:.2f} tokens)"
+        self._source, self._probing = None, 0
 
     def learn(self, context: list[int]) -> None:
         """Calibrate the drafts given to choose_prefix with tokens, against the

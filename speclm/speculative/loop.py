@@ -136,6 +136,12 @@ class Round:
     info: dict | None = None  # the proposer's facts about this draft, for the trace
     draft_ms: float = 0.0
     forced_at: tuple[int, ...] = ()  # the positions in the draft of the tokens the grammar forced
+    # A round the step may re-cut (`Generation.recut`; speculative/steps.py even_blocks): the
+    # draft before the controller's cut, E[tokens emitted] verifying m of its tokens
+    # (m = 0..len(full)), and the most draft tokens this request may verify. None: as planned.
+    full: Draft | None = None
+    expected: tuple[float, ...] = ()
+    room: int = 0
 
 
 class Generation:
@@ -261,14 +267,47 @@ class Generation:
             extend = None if self.proposer is None or k_r <= 0 else \
                 (lambda drafted, n: self.proposer.extend(self.context, drafted, n))
             forced_at = self.grammar.shape(d, k_max, self.params, extend)
+        full = None
         if d.tokens:  # the controller prices the whole block, forced tokens as certain ones
             kept = self.controller.keep(d, len(self.context))
+            if self._recuttable(d):
+                full = Draft(list(d.tokens), list(d.q), list(d.confidence))
             if d.confidence is not None:  # a per-position cut: the trace says what was kept and why
                 info = {**(info or {}), "drafted": len(d), "kept": kept, "choice": self.controller.prefix_note}
             d.truncate(kept)
             forced_at = [i for i in forced_at if i < kept]
-        return Round(d, [self.context[-1], *d.tokens], note, info, clock_ms() - t0,
-                     tuple(forced_at))
+        rnd = Round(d, [self.context[-1], *d.tokens], note, info, clock_ms() - t0, tuple(forced_at))
+        if full is not None:
+            rnd.full, rnd.expected, rnd.room = full, tuple(self.controller.prefix_expected), k_max
+        elif not d.tokens and self._recuttable(d):  # nothing drafted: the step may still pad it
+            rnd.full, rnd.expected, rnd.room = Draft([], [], []), (1.0,), k_max
+        return rnd
+
+    def _recuttable(self, d: Draft) -> bool:
+        """May the step re-cut this draft and pad it (`recut`)? Deterministic tokens with
+        estimates the controller priced, from a proposer that no verified draft teaches,
+        and no grammar (a padding token may be one it forbids)."""
+        if self.grammar is not None or self.proposer is None or not self.proposer.recuttable:
+            return False
+        return not d.tokens or (d.confidence is not None and all(q is None for q in d.q)
+                                and self.controller.prefix_expected is not None
+                                and len(self.controller.prefix_expected) == len(d) + 1)
+
+    def recut(self, rnd: Round, m: int) -> Round:
+        """The round verifying m draft tokens instead: the first m of the draft before the
+        controller's cut, then its last token (or the context's) repeated up to m (a deterministic draft like any other,
+        so the output is the target's whatever is verified; docs/design.md#even-blocks).
+        The controller is told (Controller.recut)."""
+        d = Draft(rnd.full.tokens[:m], rnd.full.q[:m], rnd.full.confidence[:m])
+        n_pad = m - len(d)
+        d.tokens += [rnd.full.tokens[-1] if rnd.full.tokens else self.context[-1]] * n_pad
+        d.q += [None] * n_pad
+        d.confidence += [0.0] * n_pad
+        self.controller.recut(min(m, len(rnd.full)))
+        info = {**(rnd.info or {}), "drafted": len(rnd.full), "kept": m, "padded": n_pad,
+                "choice": "the step's even block"}
+        return Round(d, [self.context[-1], *d.tokens], rnd.note, info, rnd.draft_ms, rnd.forced_at,
+                     rnd.full, rnd.expected, rnd.room)
 
     def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray]:
         """Stage 2's processing of this request's scored rows: row i processed with

@@ -56,7 +56,7 @@ class Slot:
 
 
 def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFILL_CHUNK,
-              split: bool = False) -> list[Slot]:
+              split: bool = False, costs: CostModel | None = None) -> list[Slot]:
     """Each request's part of the next forward (decoding requests first, then prefill
     chunks), at most `capacity` tokens in all. A request whose plan fails or which
     finished without a forward (context full) gets a slot with no tokens; a new one
@@ -69,18 +69,21 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
     token: both are rows the workload needs, so a drafted row beside a prefill chunk
     must yield as much as the prompt row it delays (uncounted, a chunk would only
     make the step look slow, and drafting beside it look cheap). split: run_step
-    may run the step as several forwards (a `costs` curve given), so K is priced so."""
+    may run the step as several forwards (a `costs` curve given), so K is priced so.
+    costs (the target's curve, as run_step prices the step): the rounds' blocks may then
+    be re-cut to one length together (`even_blocks`)."""
     slots, decoding, prefilling = [], [], []
     for gen in _begin_new(gens, slots):
         (prefilling if gen.prefill_left else decoding).append(gen)
     chunks = _prefill_chunks(prefilling, capacity, len(decoding), prefill_chunk)
+    prefill = {g.seq: len(c) for g, c in zip(prefilling, chunks) if c}
     planned, expected = {}, float(sum(map(len, chunks)))  # a prompt row is work done, as a token is
+    joint = costs is not None and len(decoding) > 1
     for i, gen in enumerate(decoding):
         try:
             rest = decoding[i + 1:]
-            others = {**planned, **{g.seq: 1 for g in rest},
-                      **{g.seq: len(c) for g, c in zip(prefilling, chunks) if c}}
-            gen.controller.share_step(others, expected + len(rest), gen.seq, split)
+            others = {**planned, **{g.seq: 1 for g in rest}, **prefill}
+            gen.controller.share_step(others, expected + len(rest), gen.seq, split, joint)
             rnd = gen.plan()
         except Exception as exc:  # noqa: BLE001
             slots.append(Slot(gen, [], error=exc))
@@ -91,10 +94,51 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
         slots.append(Slot(gen, rnd.block, rnd))
         planned[gen.seq] = len(rnd.block)
         expected += gen.controller.expected_for(len(rnd.draft))
+    if joint:
+        even_blocks(slots, prefill, costs)
+        planned = {s.gen.seq: len(s.tokens) for s in slots if s.tokens}
     for gen, chunk in zip(prefilling, _prefill_chunks(prefilling, capacity, sum(planned.values()), prefill_chunk)):
         if chunk:
             slots.append(Slot(gen, chunk))
     return slots
+
+
+EVEN_GAIN = 1.05  # blocks are evened only where that is priced >= 5 % faster (the curve is noisy)
+
+
+def even_blocks(slots: list[Slot], prefill: dict[int, int], costs: CostModel) -> None:
+    """Re-cut the step's re-cuttable rounds (Round.full) to one block length where the
+    curve prices that faster than the blocks as planned (docs/design.md#even-blocks).
+    llama.cpp, with one KV stream per sequence, scores a step in passes of equal blocks
+    (Backend.pass_rows), so a block longer than the others costs a pass of its own, and a
+    request pricing its own block beside the others' one-token blocks keeps none of its
+    draft even where every request drafting would pay. Here the step takes the length
+    L maximising its expected tokens per ms: each request's E(L − 1) from its own
+    estimates (its draft padded where shorter: padding only costs rows), prompt rows
+    of `prefill` (seq: chunk rows) and the other slots' rounds counted as planned."""
+    movable = [s for s in slots if s.round is not None and s.round.full is not None]
+    if len(movable) < 2:
+        return
+    others = [s for s in slots if s.round is not None and s.round.full is None and s.tokens]
+    fixed = {**{s.gen.seq: len(s.tokens) for s in others}, **prefill}
+    fixed_expected = sum(prefill.values()) + sum(s.gen.controller.expected_for(len(s.round.draft)) for s in others)
+
+    def rate(m: int | None) -> float:
+        """Expected tokens per ms of the step with every movable round at m drafts (None: as planned)."""
+        lengths = {s.gen.seq: (len(s.tokens) if m is None else m + 1) for s in movable}
+        tokens = sum(s.round.expected[len(s.round.draft) if m is None else min(m, len(s.round.full))]
+                     for s in movable)
+        blocks = {**fixed, **lengths}
+        return (fixed_expected + tokens) / sum(costs.step({q: blocks[q] for q in g}) for g in costs.groups(blocks))
+    longest = min(min(s.round.room for s in movable), max(len(s.round.full) for s in movable))
+    best, best_rate = None, EVEN_GAIN * rate(None)
+    for m in range(longest + 1):
+        if (r := rate(m)) > best_rate:
+            best, best_rate = m, r
+    if best is not None:
+        for s in movable:
+            s.round = s.gen.recut(s.round, best)
+            s.tokens = s.round.block
 
 
 def _begin_new(gens: list[Generation], slots: list[Slot]) -> list[Generation]:

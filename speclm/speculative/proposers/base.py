@@ -49,6 +49,7 @@ class Proposer(ABC):
     """Drafts up to k tokens continuing `context`. Never touches the target."""
 
     name: str
+    recuttable = False  # a batched step may verify more or fewer of its drafts than the controller kept, padded
 
     @abstractmethod
     def propose(self, context: list[int], k: int, params: SamplingParams,

@@ -44,6 +44,8 @@ class SuffixProposer(Proposer):
     One proposer per request; close() commits the request to the cache.
     """
 
+    recuttable = True  # drafts are deterministic, with estimates; no verified draft teaches it
+
     def __init__(self, cache: SuffixCache | None = None, config: SuffixConfig | None = None):
         self.cache = cache
         self.config = config or SuffixConfig()

@@ -1,0 +1,115 @@
+"""Even blocks: a batched step re-cuts its requests' drafts to one block length.
+
+llama.cpp, with one KV stream per sequence, scores a step in passes of equal
+blocks, so a request that drafts beside others' one-token blocks pays a pass of
+its own and keeps nothing, even where every request drafting together would
+pay (docs/design.md#even-blocks). The step then picks one length for all the
+re-cuttable rounds, padding shorter drafts. What a request emits stays the
+target's: greedy outputs equal solo plain decoding, sampled ones keep the
+target's distribution with padded drafts in every step; the step evens only
+where the curve prices it faster.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from speclm import LLM, SamplingParams, SpecConfig
+from speclm.backends.toy import ToyBackend
+from speclm.costs import CostModel
+from speclm.engine import Engine
+from speclm.speculative.controller import GoodputController
+
+from .stats import empirical_check, exact_distribution
+
+ZEN4_CURVE = {1: 30.0, 2: 56.0, 4: 108.0, 8: 222.0, 16: 269.0, 32: 420.0, 64: 760.0}  # ms, 1.5B target, alone
+
+
+class EqualPassToy(ToyBackend):
+    """A toy target whose forwards split into passes as llama.cpp's do with one KV
+    stream per sequence: the same number of tokens from every sequence still holding some."""
+
+    def pass_rows(self, blocks: dict[int, int]) -> list[int]:
+        left, rows = {s: n for s, n in blocks.items() if n > 0}, []
+        while left:
+            m = min(left.values())
+            rows.append(m * len(left))
+            left = {s: n - m for s, n in left.items() if n > m}
+        return rows
+
+
+def engine_on(llm: LLM, curve: dict[int, float], n: int) -> Engine:
+    engine = Engine(llm, max_concurrency=n, max_queue=4000, start=False)
+    engine.forward_costs = CostModel(verify_ms=dict(curve), passes=llm.target.pass_rows,
+                                     order=llm.target.batch_order)
+    return engine
+
+
+def even_rounds(results) -> Counter:
+    """(drafted tokens verified, padding tokens) of every round the step re-cut."""
+    return Counter((r.proposed, (r.info or {}).get("padded")) for res in results for r in res.rounds
+                   if (r.info or {}).get("choice") == "the step's even block")
+
+
+def test_alone_a_request_drafting_beside_one_token_blocks_keeps_nothing():
+    """The trap the step gets out of: on Zen 4's curve, beside 7 one-token blocks a
+    drafted block costs a pass of its own, so even a certain draft is cut to 0."""
+    cost = CostModel(verify_ms=dict(ZEN4_CURVE), passes=EqualPassToy(6).pass_rows)
+    ctl = GoodputController(cost, k_max=4, per_position=True)
+    ctl.share_step({seq: 1 for seq in range(7)}, 7.0, seq=7)
+    assert ctl.choose_prefix([0.99] * 4, match_len=32, support=(50,) * 4) == 0
+
+
+def test_greedy_outputs_equal_solo_outputs_with_the_blocks_evened():
+    target = EqualPassToy(6, seed=4, n_ctx=512)
+    llm = LLM(target=target, max_sequences=8, suffix_cache_tokens=0)
+    jobs = [([i % 6, (i + 1) % 6] * 10, SamplingParams(max_new_tokens=40), SpecConfig(method="auto", k=8))
+            for i in range(8)]
+    solo = [llm.generate(p, sp, spec).token_ids for p, sp, spec in jobs]
+    engine = engine_on(llm, ZEN4_CURVE, 8)
+    handles = [engine.submit(p, sp, spec) for p, sp, spec in jobs]
+    engine.start()
+    results = [h.result(timeout=60) for h in handles]
+    engine.shutdown()
+    assert [r.token_ids for r in results] == solo
+    evened = even_rounds(results)
+    assert sum(n for (k, _), n in evened.items() if k > 0) >= 8  # the steps drafted together
+    assert llm.target.live_sequences == 0
+
+
+def test_sampled_outputs_keep_the_target_distribution_with_padded_drafts():
+    """3000 auto requests of 10 tokens, 8 in every step, on a curve where rows are nearly
+    free (so a step evens to its longest draft and pads the rest): the first 3 tokens
+    match the enumerated target distribution within the sample-size bound."""
+    target = EqualPassToy(4, seed=11, order=2, sharpness=1.2, n_ctx=64)
+    llm = LLM(target=target, max_sequences=8, suffix_cache_tokens=0)
+    prompt, params = [0, 1, 2, 0, 1, 2, 0, 1], SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10)
+    exact = exact_distribution(target, prompt, params, 3)
+    engine = engine_on(llm, {1: 100.0, 64: 110.0}, 8)
+    handles = [engine.submit(prompt, params, SpecConfig(method="auto", k=4)) for _ in range(3000)]
+    engine.start()
+    results = [h.result(timeout=120) for h in handles]
+    engine.shutdown()
+    evened = even_rounds(results)
+    assert sum(n for (_, pad), n in evened.items() if pad) >= 1000  # about 3,100 rounds verified padding
+    tv, bound = empirical_check([tuple(r.token_ids[:3]) for r in results], exact)
+    assert tv < bound, (tv, bound)
+
+
+def test_the_step_evens_only_where_the_curve_prices_it_faster():
+    """On a linear curve (every row costs what a one-row step costs) no step drafts
+    together (it may only cut drafts that would cost passes of their own); on Zen 4's
+    the same requests do."""
+    def evened_on(curve):
+        target = EqualPassToy(6, seed=4, n_ctx=512)
+        llm = LLM(target=target, max_sequences=8, suffix_cache_tokens=0)
+        engine = engine_on(llm, curve, 8)
+        handles = [engine.submit([i % 6, (i + 1) % 6] * 10, SamplingParams(max_new_tokens=30),
+                                 SpecConfig(method="auto", k=8)) for i in range(8)]
+        engine.start()
+        results = [h.result(timeout=60) for h in handles]
+        engine.shutdown()
+        return sum(n for (k, _), n in even_rounds(results).items() if k > 0)
+
+    assert evened_on({1: 30.0, 64: 1920.0}) == 0
+    assert evened_on(ZEN4_CURVE) > 0
