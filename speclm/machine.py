@@ -37,3 +37,12 @@ def cpu_flags() -> tuple[str, ...]:
 def isa_flags() -> tuple[str, ...]:
     """The instruction-set flags that matter to llama.cpp's kernels (AVX*, AMX*, FMA, F16C, ...)."""
     return tuple(f for f in cpu_flags() if f.startswith(ISA_PREFIXES))
+
+
+def busy_warning(load1: float, cores: int, fix: str = "rerun on a quiet machine") -> str | None:
+    """A loud warning when the 1-minute load exceeds half the cores, else None: llama.cpp's
+    threads wait for each other, so anything else running inflates every timing."""
+    if load1 > cores * 0.5:
+        return (f"MACHINE BUSY: load average {load1:.2f} on {cores} cores (> {cores * 0.5:.1f}) at start; "
+                f"llama.cpp threads wait for each other, so timings are unreliable: {fix}")
+    return None

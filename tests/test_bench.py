@@ -22,7 +22,7 @@ from speclm.bench.analysis import counts, distributions, groups, ratios
 from speclm.bench.run.manifest import describe_model
 from speclm.bench.setup import methods, workloads
 from speclm.bench.setup.config import BenchConfig
-from speclm.bench.trust.quiet import busy_warning
+from speclm.machine import busy_warning
 from speclm.errors import InvalidRequestError
 from speclm.metrics import RoundRecord, per_position_acceptance, summarize
 

@@ -71,6 +71,17 @@ def test_a_hanging_configuration_is_cut_off_at_the_timeout(verdicts, smol_path, 
     assert "repack+tiled: hung (no answer within 20 s)" in said[-1]
 
 
+def test_a_probe_on_a_busy_machine_says_its_cached_timings_may_be_off(verdicts, smol_path, monkeypatch):
+    """The verdicts' timings choose the kernels and stay cached, so a probe that starts
+    with the load above half the cores says so and names the re-probe; a quiet one does not."""
+    for load, busy in ((9.0, True), (0.2, False)):
+        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
+        said: list[str] = []
+        choose(smol_path, "plain", said)
+        assert any("MACHINE BUSY" in s and "speclm doctor --reprobe" in s for s in said) == busy, said
+        probe.forget(smol_path)
+
+
 def test_wrong_logits_disable_a_configuration(verdicts, smol_path, monkeypatch):
     monkeypatch.setenv(probe.FAULT_ENV, "plain+tiled:wrong")
     choice = choose(smol_path, "plain")

@@ -34,7 +34,7 @@ from ..bench.setup.plan import plan_bench, plan_models
 from ..bench.setup.config import BenchConfig
 from ..bench.setup.workloads import WorkloadConfig
 from ..bench.trust.policy import TrustPolicy
-from ..bench.trust.quiet import busy_warning
+from ..machine import busy_warning
 from ..speculative.replay import BOUNDS, POLICIES
 from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
 from .options import add_json_option, add_options, add_spec_options, build, spec_from_args, speculator_config

@@ -40,7 +40,8 @@ from ..setup.config import Arm, BenchConfig, make_arms
 from ..setup.methods import BASELINE, SCHEMA_BASELINE
 from ..setup.workloads import Prompt
 from ..trust import phases
-from ..trust.quiet import after_wait, busy_during, busy_warning, wait_for_quiet
+from ...machine import busy_warning
+from ..trust.quiet import after_wait, busy_during, wait_for_quiet
 from ..trust.reruns import RerunQueue, RerunSlot, Unit, rerunnable
 from ..trust.starvation import judged_threads, starved_warnings
 from .concurrent import run_concurrency

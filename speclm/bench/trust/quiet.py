@@ -4,7 +4,7 @@
 Before the timed requests `wait_for_quiet` polls the 1-minute load average until
 it is below the policy's `quiet_load` (default half the cores), for at most
 `wait_quiet_s` seconds (the CLI waits 60 s by default; the API does not wait).
-The run's warnings say when the machine was busy at the start (`busy_warning`),
+The run's warnings say when the machine was busy at the start (`speclm.machine.busy_warning`),
 never got quiet (`after_wait`), or got busy while it ran (`busy_during`).
 """
 
@@ -15,14 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 
 from .policy import TrustPolicy
-
-
-def busy_warning(load1: float, cores: int) -> str | None:
-    """A loud warning when the 1-minute load exceeds half the cores, else None."""
-    if load1 > cores * 0.5:
-        return (f"MACHINE BUSY: load average {load1:.2f} on {cores} cores (> {cores * 0.5:.1f}) at start; "
-                f"llama.cpp threads wait for each other, so timings are unreliable: rerun on a quiet machine")
-    return None
 
 
 def wait_for_quiet(policy: TrustPolicy, cores: int, loadavg: Callable[[], tuple] = os.getloadavg,
