@@ -515,6 +515,7 @@ def test_toy_medusa_run_reports_heads_cost_per_head_acceptance_and_the_online_cu
     rows = [r for r in summary["medusa"] if r["category"] == "seq"]
     assert len(rows) == 1 and rows[0]["rounds"] > 100 and rows[0]["curve"]
     assert rows[0]["heads_ms_per_round"] > 0 and rows[0]["learn_ms_per_round"] > 0
+    assert len(rows[0]["per_position_acceptance"]) == 3 and rows[0]["curve_rounds"] == 100
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Medusa heads" in md and "| seq | medusa K=3 |" in md
 

@@ -54,5 +54,5 @@ def analyse(requests: Sequence[dict], concurrency: Sequence[dict], rounds: Seque
     rows = group_rows(requests)
     judged, diverged, latency = verdicts(rows), divergences(requests), latencies(requests)
     in_flight = labelled(concurrency)
-    return Figures(rows, judged, ceiling_rows, streams, variants, halves(requests), heads_rows(requests),
+    return Figures(rows, judged, ceiling_rows, streams, variants, halves(requests), heads_rows(requests, rows),
                    project(requests), in_flight, paired(concurrency), diverged, latency)

@@ -54,7 +54,7 @@ def bench_sections(run, config: dict, manifest: dict, figures: Figures, plots: l
             ssd_section(rows),
             structured_section(rows),
             projection_section(f.projection),
-            heads_section(f.heads, rows),
+            heads_section(f.heads),
             distributions_section(rows),
             acceptance_section(rows),
             identity_section(f.divergences),

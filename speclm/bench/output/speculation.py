@@ -11,7 +11,6 @@ from rich.markup import escape
 
 from ...costs import MIN_FORWARDS
 from ..analysis.groups import GROUP_KEYS
-from ..analysis.heads import CURVE_ROUNDS
 from .cells import md_table, num
 from .sections import Section
 
@@ -158,19 +157,16 @@ def projection_section(rows: list[dict]) -> Section:
                    md if rows else None, console)
 
 
-def heads_section(heads: list[dict], rows: Sequence[dict]) -> Section:
+def heads_section(heads: list[dict]) -> Section:
     """Per-head acceptance, the heads' cost per round and the online curve (none without heads)."""
-    main = {tuple(r.get(k) for k in GROUP_KEYS): r for r in rows}
-    body = []
-    for r in heads:
-        m = main.get(tuple(r.get(k) for k in GROUP_KEYS), {})
-        body.append((r["category"], r["label"], f"{r['temperature']:g}", str(r["rounds"]),
-                     " ".join(f"{x:.2f}" for x in m.get("per_position_acceptance") or []),
-                     num(m.get("mean_acceptance_length")), f"{r['heads_ms_per_round']:.2f}",
-                     f"{r['learn_ms_per_round']:.2f}", " ".join(f"{x:.2f}" for x in r["curve"]) or "-"))
+    body = [(r["category"], r["label"], f"{r['temperature']:g}", str(r["rounds"]),
+             " ".join(f"{x:.2f}" for x in r["per_position_acceptance"] or []),
+             num(r["mean_acceptance_length"]), f"{r['heads_ms_per_round']:.2f}",
+             f"{r['learn_ms_per_round']:.2f}", " ".join(f"{x:.2f}" for x in r["curve"]) or "-") for r in heads]
+    every = heads[0]["curve_rounds"] if heads else 0
     md = [f"Head j's acceptance is the per-position acceptance at j. Heads ms: drafting (all heads, one hidden "
           f"state) per round; learn ms: online adaptation per round (0 without --heads-online). Curve: "
-          f"acceptance rate of each {CURVE_ROUNDS} consecutive drafting rounds, in run order.", "",
+          f"acceptance rate of each {every} consecutive drafting rounds, in run order.", "",
           md_table(("category", "method", "T", "rounds", "acceptance head 1..K", "mean acc len", "heads ms",
-                    "learn ms", f"acceptance per {CURVE_ROUNDS} rounds"), body)]
+                    "learn ms", f"acceptance per {every} rounds"), body)]
     return Section("Medusa heads", {"medusa": heads}, md if heads else None)
