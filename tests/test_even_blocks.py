@@ -113,3 +113,30 @@ def test_the_step_evens_only_where_the_curve_prices_it_faster():
 
     assert evened_on({1: 30.0, 64: 1920.0}) == 0
     assert evened_on(ZEN4_CURVE) > 0
+
+
+def test_a_request_near_its_end_does_not_hold_the_others_back():
+    """A request with room for no draft (its last token) verifies none; the seven others
+    still draft together, its one-token block priced as the pass it costs of its own."""
+    from types import SimpleNamespace
+
+    from speclm.costs import expected_tokens
+    from speclm.speculative.loop import Round
+    from speclm.speculative.proposers.base import Draft
+    from speclm.speculative.steps import Slot, even_blocks
+
+    cut: dict[int, int] = {}
+
+    def recut(rnd, m, seq):
+        cut[seq] = m
+        return Round(Draft([5] * m, [None] * m, [0.99] * m), [1] + [5] * m)
+
+    slots = []
+    for seq in range(8):
+        full = Draft([5] * 8, [None] * 8, [0.99] * 8)
+        rnd = Round(Draft(), [1], full=full, expected=tuple(expected_tokens(full.confidence)),
+                    room=0 if seq == 0 else 8)
+        slots.append(Slot(SimpleNamespace(seq=seq, recut=lambda r, m, seq=seq: recut(r, m, seq)), [1], rnd))
+    even_blocks(slots, {}, CostModel(verify_ms=dict(ZEN4_CURVE), passes=EqualPassToy(6).pass_rows))
+    assert cut[0] == 0 and {cut[seq] for seq in range(1, 8)} == {8}
+    assert [len(s.tokens) for s in slots] == [1] + [9] * 7

@@ -114,8 +114,9 @@ def even_blocks(slots: list[Slot], prefill: dict[int, int], costs: CostModel) ->
     request pricing its own block beside the others' one-token blocks keeps none of its
     draft even where every request drafting would pay. Here the step takes the length
     L maximising its expected tokens per ms: each request's E(L − 1) from its own
-    estimates (its draft padded where shorter: padding only costs rows), prompt rows
-    of `prefill` (seq: chunk rows) and the other slots' rounds counted as planned."""
+    estimates (its draft padded where shorter: padding only costs rows; at most the
+    drafts it has room for), prompt rows of `prefill` (seq: chunk rows) and the other
+    slots' rounds counted as planned."""
     movable = [s for s in slots if s.round is not None and s.round.full is not None]
     if len(movable) < 2:
         return
@@ -123,21 +124,24 @@ def even_blocks(slots: list[Slot], prefill: dict[int, int], costs: CostModel) ->
     fixed = {**{s.gen.seq: len(s.tokens) for s in others}, **prefill}
     fixed_expected = sum(prefill.values()) + sum(s.gen.controller.expected_for(len(s.round.draft)) for s in others)
 
+    def drafts(s: Slot, m: int | None) -> int:
+        """The drafts s verifies when the step evens to m (None: as planned); a request
+        with less room left (max_new_tokens, context) verifies what it may."""
+        return len(s.round.draft) if m is None else min(m, s.round.room)
+
     def rate(m: int | None) -> float:
         """Expected tokens per ms of the step with every movable round at m drafts (None: as planned)."""
-        lengths = {s.gen.seq: (len(s.tokens) if m is None else m + 1) for s in movable}
-        tokens = sum(s.round.expected[len(s.round.draft) if m is None else min(m, len(s.round.full))]
-                     for s in movable)
-        blocks = {**fixed, **lengths}
+        blocks = {**fixed, **{s.gen.seq: drafts(s, m) + 1 for s in movable}}
+        tokens = sum(s.round.expected[min(drafts(s, m), len(s.round.full))] for s in movable)
         return (fixed_expected + tokens) / sum(costs.step({q: blocks[q] for q in g}) for g in costs.groups(blocks))
-    longest = min(min(s.round.room for s in movable), max(len(s.round.full) for s in movable))
+    longest = max(min(s.round.room, len(s.round.full)) for s in movable)
     best, best_rate = None, EVEN_GAIN * rate(None)
     for m in range(longest + 1):
         if (r := rate(m)) > best_rate:
             best, best_rate = m, r
     if best is not None:
         for s in movable:
-            s.round = s.gen.recut(s.round, best)
+            s.round = s.gen.recut(s.round, drafts(s, best))
             s.tokens = s.round.block
 
 
