@@ -294,7 +294,8 @@ def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
     for serving `streams` concurrent requests (streams > 1), the tokens per second they
     get together when each decodes one token a step, the step priced as the engine
     prices it (CostModel.groups: one forward, or the split it would run). A server is
-    chosen for its full load: at 16 streams a step is compute-bound and K falls to 0."""
+    chosen for its full load of one-token rows (where answers repeat its steps may run
+    longer even blocks, docs/design.md#even-blocks; that is not scored)."""
     from ..costs import TIMED_K, CostModel, best_rate, round_rate
     if not v_ms:
         return 0.0

@@ -295,9 +295,9 @@ class Generation:
 
     def recut(self, rnd: Round, m: int) -> Round:
         """The round verifying m draft tokens instead: the first m of the draft before the
-        controller's cut, then its last token (or the context's) repeated up to m (a deterministic draft like any other,
-        so the output is the target's whatever is verified; docs/design.md#even-blocks).
-        The controller is told (Controller.recut)."""
+        controller's cut, then its last token (or the context's) repeated up to m: a
+        deterministic draft like any other, so the output is the target's whatever is
+        verified (docs/design.md#even-blocks). The controller is told (Controller.recut)."""
         d = Draft(rnd.full.tokens[:m], rnd.full.q[:m], rnd.full.confidence[:m])
         n_pad = m - len(d)
         d.tokens += [rnd.full.tokens[-1] if rnd.full.tokens else self.context[-1]] * n_pad

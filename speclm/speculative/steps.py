@@ -19,7 +19,10 @@ the blocks the other requests put in the same forward and how many tokens they
 are expected to emit (`share_step`), so its K maximises the whole step's
 goodput: K falls to 0 once the forward is compute-bound, or when a block longer
 than the others would cost a pass of its own (llama.cpp with one KV stream per
-sequence runs unequal blocks in several passes; `Backend.pass_rows`).
+sequence runs unequal blocks in several passes; `Backend.pass_rows`). Since no
+request alone can pay for every block growing, the engine's step then re-cuts
+the requests' drafts to one length together where its curve prices that faster
+(`even_blocks`).
 Prefill is chunked (`prefill_chunk` tokens a step, given to the prefilling
 requests first come first served) while others decode, so one long prompt
 cannot stall them; a chunk's rows count as work in the step's goodput, so
