@@ -174,6 +174,11 @@ class CostModel:
                 best, best_ms = groups, ms
         return best
 
+    def step_as_run(self, blocks: dict[int, int]) -> float:
+        """ms of a step over `blocks` as a batching engine runs it: one forward, or the
+        forwards `groups` splits it into."""
+        return sum(self.step({s: blocks[s] for s in g}) for g in self.groups(blocks))
+
     def observe(self, rec: RoundRecord) -> None:
         rows = rec.batch_passes or [rec.proposed + 1]
         if len(rows) == 1:  # a forward of several passes does not say what each cost

@@ -304,7 +304,7 @@ def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
         return 1000.0 * round_rate(1.0, 0, cost)
     if work == "serving" and streams > 1:
         blocks = {seq: 1 for seq in range(streams)}
-        return 1000.0 * streams / sum(cost.step({s: 1 for s in group}) for group in cost.groups(blocks))
+        return 1000.0 * streams / cost.step_as_run(blocks)
     best = [best_rate(cost, a, min(max(v_ms) - 1, TIMED_K)) for a in GOODPUT_ALPHAS]
     return 1000.0 * float(np.exp(np.mean(np.log(best))))
 

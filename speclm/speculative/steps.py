@@ -136,7 +136,7 @@ def even_blocks(slots: list[Slot], prefill: dict[int, int], costs: CostModel) ->
         """Expected tokens per ms of the step with every movable round at m drafts (None: as planned)."""
         blocks = {**fixed, **{s.gen.seq: drafts(s, m) + 1 for s in movable}}
         tokens = sum(s.round.expected[min(drafts(s, m), len(s.round.full))] for s in movable)
-        return (fixed_expected + tokens) / sum(costs.step({q: blocks[q] for q in g}) for g in costs.groups(blocks))
+        return (fixed_expected + tokens) / costs.step_as_run(blocks)
     longest = max(min(s.round.room, len(s.round.full)) for s in movable)
     best, best_rate = None, EVEN_GAIN * rate(None)
     for m in range(longest + 1):
