@@ -140,3 +140,23 @@ def test_a_request_near_its_end_does_not_hold_the_others_back():
     even_blocks(slots, {}, CostModel(verify_ms=dict(ZEN4_CURVE), passes=EqualPassToy(6).pass_rows))
     assert cut[0] == 0 and {cut[seq] for seq in range(1, 8)} == {8}
     assert [len(s.tokens) for s in slots] == [1] + [9] * 7
+
+
+def test_only_rounds_whose_controller_prices_prefixes_may_be_recut():
+    """sd-suffix drafts with the same proposer at a fixed K: its rounds, drafted or empty,
+    keep their blocks (their K is the user's, not priced); an auto round with nothing
+    drafted may still be padded."""
+    llm = LLM(target=EqualPassToy(6, seed=4, n_ctx=512), max_sequences=8, suffix_cache_tokens=0)
+
+    def first_round(method):
+        gen = llm.start([0, 3, 5], SamplingParams(max_new_tokens=8), SpecConfig(method=method, k=4))
+        gen.begin()
+        gen.prefilled(len(gen.prefill_left))
+        gen.controller.share_step({99: 1}, 1.0, gen.seq, joint=True)
+        rnd = gen.plan()
+        gen.close()
+        return rnd
+
+    fixed, priced = first_round("sd-suffix"), first_round("auto")
+    assert not fixed.draft.tokens and fixed.full is None
+    assert not priced.draft.tokens and priced.full is not None and priced.expected == (1.0,)

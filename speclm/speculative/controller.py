@@ -59,6 +59,7 @@ class Controller:
 
     prefix_note: str | None = None  # why keep() kept what it kept (the trace shows it)
     prefix_expected: list[float] | None = None  # E[tokens] verifying m of the draft last kept, m = 0..len
+    prices_prefixes = False  # keep() prices every prefix of a draft (prefix_expected): a step may re-cut it
 
     def choose(self, k_cap: int) -> tuple[int, str | None]:
         return k_cap, None
@@ -199,6 +200,10 @@ class GoodputController(Controller):
         self.probe_gap = probe_every  # rounds at K = 0 before the next probe (doubles after a failed one)
         self.probe_k = 0  # > 0: the last probe was fully accepted; probe again with this K
         self._probing = 0  # K of the probe in flight (0: none)
+
+    @property
+    def prices_prefixes(self) -> bool:
+        return self.per_position
 
     @property
     def alpha(self) -> float:

@@ -276,18 +276,20 @@ class Generation:
                 info = {**(info or {}), "drafted": len(d), "kept": kept, "choice": self.controller.prefix_note}
             d.truncate(kept)
             forced_at = [i for i in forced_at if i < kept]
+        elif self._recuttable(d):  # nothing drafted: the step may still pad the block
+            full = Draft([], [], [])
         rnd = Round(d, [self.context[-1], *d.tokens], note, info, clock_ms() - t0, tuple(forced_at))
         if full is not None:
-            rnd.full, rnd.expected, rnd.room = full, tuple(self.controller.prefix_expected), k_max
-        elif not d.tokens and self._recuttable(d):  # nothing drafted: the step may still pad it
-            rnd.full, rnd.expected, rnd.room = Draft([], [], []), (1.0,), k_max
+            rnd.full, rnd.expected, rnd.room = full, tuple(self.controller.prefix_expected or (1.0,)), k_max
         return rnd
 
     def _recuttable(self, d: Draft) -> bool:
         """May the step re-cut this draft and pad it (`recut`)? Deterministic tokens with
-        estimates the controller priced, from a proposer that no verified draft teaches,
-        and no grammar (a padding token may be one it forbids)."""
-        if self.grammar is not None or self.proposer is None or not self.proposer.recuttable:
+        estimates the controller priced (a controller that prices prefixes: a fixed K keeps
+        its blocks, empty ones too), from a proposer that no verified draft teaches, and no
+        grammar (a padding token may be one it forbids)."""
+        if self.grammar is not None or self.proposer is None or not self.proposer.recuttable \
+                or not self.controller.prices_prefixes:
             return False
         return not d.tokens or (d.confidence is not None and all(q is None for q in d.q)
                                 and self.controller.prefix_expected is not None
