@@ -181,7 +181,7 @@ class CostModel:
 
     def observe(self, rec: RoundRecord) -> None:
         rows = rec.batch_passes or [rec.proposed + 1]
-        if len(rows) == 1:  # a forward of several passes does not say what each cost
+        if len(rows) == 1 and not rec.prompt_rows:  # (several passes, or a prompt's rows: not v(rows))
             self.verify_ms[rows[0]] = ewma(self.verify_ms.get(rows[0]), rec.verify_ms, self.weight)
         if rec.proposed:
             self.draft_ms_per_token = ewma(self.draft_ms_per_token, rec.draft_ms / rec.proposed, self.weight)

@@ -38,6 +38,9 @@ class RoundRecord:
     discarded: int = 0
     batch_passes: list[int] | None = None  # rows of each pass of the forward, when other requests shared it
     at_ms: float | None = None  # when the round ended, ms after the request was submitted
+    # prompt tokens its forward prefilled in front of its block (the first round, folded
+    # with the prompt's last chunk): its verify_ms is then the prefill's, not its block's
+    prompt_rows: int = 0
 
     @property
     def batch_tokens(self) -> int | None:
@@ -83,7 +86,7 @@ class Summary:
     tpot_ms: float | None
     tokens_per_s: float
     accepted_progress_per_ms: float
-    prefill_ms: float  # target forward over prompt[:-1], before round 1
+    prefill_ms: float  # target forwards over the prompt: up to the first token when round 1 folds its last chunk
     draft_ms: float
     verify_ms: float
     other_ms: float
@@ -129,7 +132,7 @@ def summarize(rounds: list[RoundRecord], output_tokens: int, wall_ms: float,
         accepted_progress_per_ms=output_tokens / wall_ms if wall_ms > 0 else 0.0,
         prefill_ms=prefill_ms,
         draft_ms=sum(r.draft_ms for r in rounds),
-        verify_ms=sum(r.verify_ms for r in rounds),
+        verify_ms=sum(r.verify_ms for r in rounds if not r.prompt_rows),  # a folded round's is in prefill_ms
         other_ms=sum(r.other_ms for r in rounds),
         cache_hit_rate=cache_hit_rate(rounds),
         discarded=sum(r.discarded for r in rounds),

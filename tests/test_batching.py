@@ -29,9 +29,9 @@ class CountingToy(ToyBackend):
         super().__init__(*args, **kwargs)
         self.batches: list[int] = []
 
-    def score_batch(self, items, all_logits=None):
+    def score_batch(self, items, last_rows=None):
         self.batches.append(len(items))
-        return super().score_batch(items, all_logits)
+        return super().score_batch(items, last_rows)
 
 
 def toy_llm(target: ToyBackend | None = None) -> LLM:
@@ -78,15 +78,18 @@ def test_batched_outputs_equal_solo_outputs_exactly():
 
 
 def test_each_round_is_one_forward_and_the_prompt_is_prefilled_once():
-    """An AR request of n tokens alone in the engine costs 1 prefill + n forwards:
-    decoded tokens enter the KV through their rounds, never again as 'prefill'."""
+    """An AR request of n tokens alone in the engine costs n forwards: the prompt and
+    the first token one (the prompt's last chunk carries the first round), then one a
+    token; decoded tokens enter the KV through their rounds, never again as 'prefill'."""
     target = CountingToy(6, seed=4, n_ctx=512)
     llm = toy_llm(target)
     ar_solo = llm.generate([0, 1, 2, 3], SamplingParams(max_new_tokens=20), SpecConfig(method="ar"))
     target.batches.clear()
+    target.scored_tokens = 0
     (res,) = run_batched(llm, [([0, 1, 2, 3], SamplingParams(max_new_tokens=20), SpecConfig(method="ar"))])
     assert res.token_ids == ar_solo.token_ids
-    assert len(target.batches) == 1 + 20
+    assert len(target.batches) == 20
+    assert target.scored_tokens == 4 + 19
 
 
 def test_batched_rounds_record_the_shared_forward():
@@ -116,9 +119,9 @@ def test_sampling_stays_lossless_with_several_requests_per_step():
 class SlowToy(CountingToy):
     """Forwards take 3 ms: a request lasts long enough to be cancelled halfway."""
 
-    def score_batch(self, items, all_logits=None):
+    def score_batch(self, items, last_rows=None):
         time.sleep(0.003)
-        return super().score_batch(items, all_logits)
+        return super().score_batch(items, last_rows)
 
 
 def test_cancelling_one_request_mid_batch_frees_it_and_spares_the_others():
@@ -218,7 +221,8 @@ def test_prompts_arriving_together_prefill_first_come_first_served():
     prompt = [1, 2, 3, 4, 5] * 60
     gens = [llm.start(prompt, SamplingParams(max_new_tokens=4), SpecConfig(method="ar")) for _ in range(3)]
     first = plan_step(gens, capacity=512, prefill_chunk=64)
-    assert [len(s.tokens) for s in first] == [299, 512 - 299]  # nothing decodes yet: the capacity, in order
+    # nothing decodes yet: the capacity, in order; A's prompt carries its first round (299 + pending)
+    assert [(len(s.tokens), s.round is not None) for s in first] == [(300, True), (512 - 300, False)]
     run_step(llm.target, first)
     second = plan_step(gens, capacity=512, prefill_chunk=64)
     assert [(s.gen, len(s.tokens), s.round is not None) for s in second] == [

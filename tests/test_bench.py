@@ -342,9 +342,11 @@ def test_smollm_end_to_end_through_the_cli(tmp_path, capsys, monkeypatch):
                for c in summary["copy_ceiling"])
     assert "## Copy ceiling (greedy)" in (tmp_path / "smol" / "report.md").read_text()
     # priced by the requests' own forwards where they ran a size often enough: AR's steps give v(1)
+    # (not a first round's: its forward also prefilled the prompt)
     rounds = [json.loads(x) for x in (tmp_path / "smol" / "rounds.jsonl").read_text().splitlines()]
     for c in summary["copy_ceiling"]:
-        steps = [r["verify_ms"] for r in rounds if r["category"] == c["category"] and r["proposed"] == 0]
+        steps = [r["verify_ms"] for r in rounds
+                 if r["category"] == c["category"] and r["proposed"] == 0 and not r["prompt_rows"]]
         assert c["forwards"]["1"] == len(steps) >= 16 and set(c["timed_v_ms"]) == set(c["v_ms"])
         assert c["v_ms"]["1"] == round(statistics.median(steps), 2)
     # the controller replayed on the same outputs and curve cannot beat the ceiling of its own drafts

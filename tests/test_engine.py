@@ -83,7 +83,7 @@ def test_a_failing_request_does_not_stop_the_others(monkeypatch, batched):
     bad = engine.submit([0, 1], SamplingParams(max_new_tokens=5))
     good = engine.submit([1, 2], SamplingParams(max_new_tokens=5))
     original = bad_gen = engine._pending[0][1]
-    monkeypatch.setattr(bad_gen, "plan", lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(bad_gen, "plan", lambda *_, **__: (_ for _ in ()).throw(RuntimeError("boom")))
     engine.start()
     with pytest.raises(RuntimeError, match="boom"):
         bad.result(timeout=10)

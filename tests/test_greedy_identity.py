@@ -47,15 +47,23 @@ def test_toy_greedy_speculative_equals_plain_exactly(k, proposer):
 
 
 def _record_scores(monkeypatch, backend):
-    """Wrap backend.score to record (block, logits) of every verification."""
+    """Wrap backend.score (and score_last: the first round, carried by the prompt's
+    last chunk) to record (block, logits) of every verification, the block from its
+    pending token on."""
     calls = []
-    original = backend.score
+    score, score_last = backend.score, backend.score_last
 
     def recording(seq, tokens):
-        logits = original(seq, tokens)
+        logits = score(seq, tokens)
         calls.append((list(tokens), logits.copy()))
         return logits
+
+    def recording_last(seq, tokens, n):
+        logits = score_last(seq, tokens, n)
+        calls.append((list(tokens[len(tokens) - n:]), logits.copy()))
+        return logits
     monkeypatch.setattr(backend, "score", recording)
+    monkeypatch.setattr(backend, "score_last", recording_last)
     return calls
 
 

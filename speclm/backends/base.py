@@ -9,9 +9,11 @@ Contracts:
 - `score(seq, tokens)` appends `tokens` to `seq` and returns float32 logits of
   shape (len(tokens), vocab): row i is the next-token logits after tokens[i].
   It is ONE forward pass over the block.
-- `prefill(seq, tokens)` is `score` returning only the last row.
-- `score_batch([(seq, tokens), ...])` is `score` for each, possibly in one
-  forward over all sequences (same results up to batch numerics).
+- `prefill(seq, tokens)` is `score` returning only the last row; `score_last(seq,
+  tokens, n)` only the last n rows (a backend need not compute the others' logits).
+- `score_batch([(seq, tokens), ...], last_rows)` is `score` (or `score_last`) for
+  each, possibly in one forward over all sequences (same results up to batch
+  numerics).
 - `rollback(seq, n)` keeps the first n tokens; O(1) bookkeeping, no recompute.
 - `fork(seq)` returns a new sequence sharing seq's tokens (KV copied/shared).
 - `save_sequence(seq)` copies seq's KV out of the backend; `load_sequence(seq,
@@ -114,14 +116,19 @@ class Backend(ABC):
     def prefill(self, seq: int, tokens: list[int]) -> np.ndarray:
         return self.score(seq, tokens)[-1]
 
+    def score_last(self, seq: int, tokens: list[int], n: int) -> np.ndarray:
+        """`score` returning only the last n rows ((n, vocab))."""
+        return self.prefill(seq, tokens)[None, :] if n == 1 else self.score(seq, tokens)[-n:]
+
     def score_batch(self, items: list[tuple[int, list[int]]],
-                    all_logits: list[bool] | None = None) -> list[np.ndarray]:
+                    last_rows: list[int | None] | None = None) -> list[np.ndarray]:
         """`score` for several sequences; a backend may run them as ONE forward.
-        all_logits[i] False: item i is a prefill chunk and gets its last row only
-        (a (1, vocab) array)."""
-        every = all_logits or [True] * len(items)
-        return [self.score(seq, tokens) if full else self.prefill(seq, tokens)[None, :]
-                for (seq, tokens), full in zip(items, every)]
+        last_rows[i] = n: item i gets its last n rows only (an (n, vocab) array; a
+        prefill chunk wants 1, a round folded behind the prompt's last chunk its
+        block's); None: every row."""
+        wants = last_rows or [None] * len(items)
+        return [self.score(seq, tokens) if n is None or n >= len(tokens) else self.score_last(seq, tokens, n)
+                for (seq, tokens), n in zip(items, wants)]
 
     def batch_order(self, seqs: list[int]) -> list[int]:
         """The order `score_batch` puts these sequences in its forward (default: as given)."""
@@ -157,6 +164,11 @@ class Backend(ABC):
     def _keep_hidden(self, seq: int, start: int, rows: np.ndarray) -> None:
         if self._hidden_rows is not None:
             self._hidden_rows[seq] = (start, rows)
+
+    @property
+    def keeps_hidden(self) -> bool:
+        """Whether forwards keep hidden states (enable_hidden was called)."""
+        return self._hidden_rows is not None
 
     def use_threads(self, n_threads: int | None) -> None:
         """Compute with n threads from now on (None: the backend's default)."""

@@ -171,7 +171,10 @@ class LlamaCppBackend(Backend):
         return sid
 
     def score(self, seq: int, tokens: list[int]) -> np.ndarray:
-        return self._decode(seq, tokens, all_logits=True)
+        return self._decode(seq, tokens, len(tokens))
+
+    def score_last(self, seq: int, tokens: list[int], n: int) -> np.ndarray:
+        return self.prefill(seq, tokens)[None, :] if n == 1 else self._decode(seq, tokens, n)
 
     def prefill(self, seq: int, tokens: list[int]) -> np.ndarray:
         if self._hidden_rows is not None and len(tokens) > 1:
@@ -179,11 +182,11 @@ class LlamaCppBackend(Backend):
             # prompt: seconds); only the last row's hidden state is wanted.
             self._set_embeddings(False)
             try:
-                self._decode(seq, tokens[:-1], all_logits=False)
+                self._decode(seq, tokens[:-1], 1)
             finally:
                 self._set_embeddings(True)
             tokens = tokens[-1:]
-        return self._decode(seq, tokens, all_logits=False)[-1]
+        return self._decode(seq, tokens, 1)[-1]
 
     def enable_hidden(self) -> int:
         """Turn llama.cpp's per-row embeddings on (pooling NONE: the final-norm hidden
@@ -201,7 +204,8 @@ class LlamaCppBackend(Backend):
     def hidden_size(self) -> int:
         return int(L.llama_model_n_embd(self._model))
 
-    def _decode(self, seq: int, tokens: list[int], all_logits: bool) -> np.ndarray:
+    def _decode(self, seq: int, tokens: list[int], n_out: int) -> np.ndarray:
+        """One forward of tokens appended to seq: the logits of its last n_out rows."""
         held = self._held[seq]
         n = len(tokens)
         if n == 0:
@@ -215,7 +219,7 @@ class LlamaCppBackend(Backend):
             b.pos[i] = start + i
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = self._stream[seq]
-            b.logits[i] = 1 if (all_logits or i == n - 1) else 0
+            b.logits[i] = 1 if i >= n - n_out else 0
         b.n_tokens = n
         rc = _decode(self._ctx, b)
         if rc != 0:
@@ -227,23 +231,22 @@ class LlamaCppBackend(Backend):
             rows = np.ctypeslib.as_array(L.llama_get_embeddings(self._ctx), shape=(n, self.hidden_size))
             self._keep_hidden(seq, start, rows.copy())
             logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(n, self.vocab_size))
-            return (logits if all_logits else logits[-1:]).copy()
-        n_out = n if all_logits else 1
+            return logits[n - n_out:].copy()
         ptr = L.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
 
     def score_batch(self, items: list[tuple[int, list[int]]],
-                    all_logits: list[bool] | None = None) -> list[np.ndarray]:
-        """All items in ONE llama_decode (each sequence at its own positions).
-        all_logits[i] False: item i is a prefill chunk and gets its last row only."""
-        every = all_logits or [True] * len(items)
+                    last_rows: list[int | None] | None = None) -> list[np.ndarray]:
+        """All items in ONE llama_decode (each sequence at its own positions), the
+        output head run only over the rows asked for (`Backend.score_batch`)."""
+        wants = [len(t) if n is None else min(n, len(t)) for (_, t), n in zip(items, last_rows or [None] * len(items))]
         total = sum(len(t) for _, t in items)
         if total == 0 or total > self.n_ctx or len(items) == 1 or self._hidden_rows is not None:
             # (hidden states on: llama.cpp would run the output head over every prefill row)
-            return super().score_batch(items, all_logits)
+            return super().score_batch(items, last_rows)
         order = sorted(range(len(items)), key=lambda k: self._stream[items[k][0]])  # batch_order
         b, i, rows = self._batch, 0, []
-        for seq, tokens, full in ((*items[k], every[k]) for k in order):
+        for seq, tokens, n_out in ((*items[k], wants[k]) for k in order):
             held = self._held[seq]
             if len(held) + len(tokens) > self.n_ctx:
                 raise InvalidRequestError(f"sequence would hold {len(held) + len(tokens)} tokens; "
@@ -253,9 +256,9 @@ class LlamaCppBackend(Backend):
                 b.pos[i] = len(held) + j
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = self._stream[seq]
-                b.logits[i] = 1 if full or j == len(tokens) - 1 else 0
+                b.logits[i] = 1 if j >= len(tokens) - n_out else 0
                 i += 1
-            rows.append(len(tokens) if full else 1)
+            rows.append(n_out)
         b.n_tokens = total
         rc = _decode(self._ctx, b)
         if rc != 0:

@@ -159,7 +159,8 @@ class ServerMetrics:
                                ["method"], registry=r)
         self.accepted = Counter("speclm_spec_accepted_tokens", "draft tokens accepted (Σ a_r)",
                                 ["method"], registry=r)
-        self.rounds = Counter("speclm_spec_rounds", "rounds = target forwards after prefill",
+        self.rounds = Counter("speclm_spec_rounds", "rounds = target forwards that emit tokens (the first "
+                              "also prefills the prompt's last chunk)",
                               ["method"], registry=r)
         self.pos_proposed = Counter("speclm_spec_position_proposed", "rounds that drafted a token "
                                     "at position j (K_r >= j)", ["method", "position"], registry=r)

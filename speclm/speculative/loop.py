@@ -3,8 +3,10 @@
 Each stage is one function below (docs/design.md). Invariant between rounds:
 the target's KV holds `context[:-1]`; the last context token is "pending" and
 is scored as the first row of the next block, so every round is exactly one
-target forward. With no proposer (K = 0) the same loop is plain
-autoregressive decoding.
+target forward. The first round's block may carry the prompt's last chunk in
+front of the pending token (`Round.lead`): the prompt and the first token then
+cost one forward, as in plain llama.cpp. With no proposer (K = 0) the same loop
+is plain autoregressive decoding.
 
 The round protocol: `Generation.plan()` runs stage 1 and returns a `Round`
 (the block to score and what the later stages need); whoever drives the
@@ -45,17 +47,20 @@ def draft(proposer: Proposer | None, context: list[int], k: int,
 
 
 # ---- 2. score ------------------------------------------------------------
-def score(target: Backend, blocks: Sequence[tuple[Generation, list[int], bool]]
+def score(target: Backend, blocks: Sequence[tuple[Generation, list[int], Round | None]]
           ) -> list[list[np.ndarray] | np.ndarray | None]:
-    """ONE target forward over every block: (request, tokens, True) for a round's
-    [pending, d1..dK], or (request, prompt chunk, False) for a prefill chunk. Per
-    round, the processed target distributions p_1..p_{K+1} (`Generation.distributions`:
-    row i processed with its own prefix; that processed p IS the target distribution);
-    per chunk, its rows' raw logits when the request scores its prompt, else None."""
-    wants = [is_round or gen.params.prompt_logprobs is not None for gen, _, is_round in blocks]
+    """ONE target forward over every block: (request, its block, its Round) for a
+    round's [lead.., pending, d1..dK], or (request, prompt chunk, None) for a prefill
+    chunk. Per round, the processed target distributions p_1..p_{K+1}
+    (`Generation.distributions`: row i processed with its own prefix; that processed p
+    IS the target distribution; a lead's rows are not computed); per chunk, its rows'
+    raw logits when the request scores its prompt, else None (its last row is computed,
+    unread)."""
+    wants = [len(tokens) - len(rnd.lead) if rnd is not None else
+             None if gen.params.prompt_logprobs is not None else 1 for gen, tokens, rnd in blocks]
     logits = target.score_batch([(gen.seq, tokens) for gen, tokens, _ in blocks], wants)
-    return [gen.distributions(rows, tokens[1:]) if is_round else (rows if want else None)
-            for rows, want, (gen, tokens, is_round) in zip(logits, wants, blocks)]
+    return [gen.distributions(rows, rnd.draft.tokens) if rnd is not None else (rows if want is None else None)
+            for rows, want, (gen, tokens, rnd) in zip(logits, wants, blocks)]
 
 
 # ---- 3. accept -----------------------------------------------------------
@@ -131,7 +136,7 @@ class Round:
     forward, and what stages 3–5 need back."""
 
     draft: Draft
-    block: list[int]  # [pending, d1..dK]: the rows of this round's forward
+    block: list[int]  # [*lead, pending, d1..dK]: the rows of this round's forward
     note: str | None = None  # why this K (the controller's word, for the trace)
     info: dict | None = None  # the proposer's facts about this draft, for the trace
     draft_ms: float = 0.0
@@ -142,6 +147,7 @@ class Round:
     full: Draft | None = None
     expected: tuple[float, ...] = ()
     room: int = 0
+    lead: tuple[int, ...] = ()  # the prompt's last chunk, prefilled by this round's forward (first round only)
 
 
 class Generation:
@@ -239,16 +245,25 @@ class Generation:
             self.prefill_ms = clock_ms() - self.t_begin
 
     @property
+    def folds_prompt(self) -> bool:
+        """May the prompt's last chunk ride in front of the first round's block
+        (`plan(lead)`)? Not where the prompt's rows are scored (prompt logprobs, the one
+        case of max_new_tokens 0) or the target keeps hidden states (llama.cpp would run
+        the output head over every row)."""
+        return self.prompt_logprobs is None and not self.target.keeps_hidden
+
+    @property
     def noise_position(self) -> int:
         """The position of the round's first new token (p_1's), whose index in the
         context it will be: seeded sampling keys its noise by it, so a token's noise
         is its position's, however the rounds fell (docs/design.md#seeded-sampling)."""
         return len(self.context)
 
-    def plan(self) -> Round | None:
+    def plan(self, lead: Sequence[int] = ()) -> Round | None:
         """Stage 1 of the next round: the controller chooses K, the proposer drafts,
         the controller keeps the prefix that pays. None: the context is full and the
-        request has finished."""
+        request has finished. lead: all of `prefill_left` (folds_prompt), scored in
+        front of the block by the same forward; the controller prices the block alone."""
         if self.finished:
             return None
         room = self.target.n_ctx - len(self.context)
@@ -270,15 +285,16 @@ class Generation:
         full = None
         if d.tokens:  # the controller prices the whole block, forced tokens as certain ones
             kept = self.controller.keep(d, len(self.context))
-            if self._recuttable(d):
+            if self._recuttable(d) and not lead:
                 full = Draft(list(d.tokens), list(d.q), list(d.confidence))
             if d.confidence is not None:  # a per-position cut: the trace says what was kept and why
                 info = {**(info or {}), "drafted": len(d), "kept": kept, "choice": self.controller.prefix_note}
             d.truncate(kept)
             forced_at = [i for i in forced_at if i < kept]
-        elif self._recuttable(d):  # nothing drafted: the step may still pad the block
+        elif self._recuttable(d) and not lead:  # nothing drafted: the step may still pad the block
             full = Draft([], [], [])
-        rnd = Round(d, [self.context[-1], *d.tokens], note, info, clock_ms() - t0, tuple(forced_at))
+        rnd = Round(d, [*lead, self.context[-1], *d.tokens], note, info, clock_ms() - t0, tuple(forced_at),
+                    lead=tuple(lead))
         if full is not None:
             rnd.full, rnd.expected, rnd.room = full, tuple(self.controller.prefix_expected or (1.0,)), k_max
         return rnd
@@ -308,8 +324,8 @@ class Generation:
         self.controller.recut(min(m, len(rnd.full)))
         info = {**(rnd.info or {}), "drafted": len(rnd.full), "kept": m, "padded": n_pad,
                 "choice": "the step's even block"}
-        return Round(d, [self.context[-1], *d.tokens], rnd.note, info, rnd.draft_ms, rnd.forced_at,
-                     rnd.full, rnd.expected, rnd.room)
+        return Round(d, [*rnd.lead, self.context[-1], *d.tokens], rnd.note, info, rnd.draft_ms, rnd.forced_at,
+                     rnd.full, rnd.expected, rnd.room, rnd.lead)
 
     def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray]:
         """Stage 2's processing of this request's scored rows: row i processed with
@@ -328,6 +344,8 @@ class Generation:
         True once the generation has finished. batch_passes: the rows of each pass of
         the whole forward when other requests shared it (verify_ms is its time)."""
         d, note, info, draft_ms = rnd.draft, rnd.note, rnd.info, rnd.draft_ms
+        if rnd.lead:
+            self.prefilled(len(rnd.lead))
         t2 = clock_ms()
         at = self.noise_position
         a = accept(d, p, self.params, self.rng, at)
@@ -355,7 +373,8 @@ class Generation:
             self.ttft_ms = t3 - self.t_start
         record = RoundRecord(proposed=len(d), accepted=min(a, delivered), discarded=a + 1 - delivered,
                              draft_ms=draft_ms, verify_ms=verify_ms, other_ms=t3 - t2, note=note,
-                             info=info, batch_passes=batch_passes, at_ms=t3 - self.t_start)
+                             info=info, batch_passes=batch_passes, at_ms=t3 - self.t_start,
+                             prompt_rows=len(rnd.lead))
         self.rounds.append(record)
         self.controller.observe(record)
         return self._done() if self.finished else False

@@ -31,7 +31,7 @@ drafts do not slow the prefill (and the first token) of waiting requests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +61,8 @@ class Slot:
 def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFILL_CHUNK,
               split: bool = False, costs: CostModel | None = None) -> list[Slot]:
     """Each request's part of the next forward (decoding requests first, then prefill
-    chunks), at most `capacity` tokens in all. A request whose plan fails or which
+    chunks; a prompt's last chunk carries its first round, Round.lead), at most
+    `capacity` tokens in all (a folded round's drafts beyond it). A request whose plan fails or which
     finished without a forward (context full) gets a slot with no tokens; a new one
     waiting for a running request's prompt start (`_begin_new`) gets no slot yet.
 
@@ -83,27 +84,35 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
     planned, expected = {}, float(sum(map(len, chunks)))  # a prompt row is work done, as a token is
     joint = costs is not None and len(decoding) > 1
     for i, gen in enumerate(decoding):
-        try:
-            rest = decoding[i + 1:]
-            others = {**planned, **{g.seq: 1 for g in rest}, **prefill}
-            gen.controller.share_step(others, expected + len(rest), gen.seq, split, joint)
-            rnd = gen.plan()
-        except Exception as exc:  # noqa: BLE001
-            slots.append(Slot(gen, [], error=exc))
-            continue
-        if rnd is None:
-            slots.append(Slot(gen, [], finished=True))
-            continue
-        slots.append(Slot(gen, rnd.block, rnd))
-        planned[gen.seq] = len(rnd.block)
-        expected += gen.controller.expected_for(len(rnd.draft))
+        rest = decoding[i + 1:]
+        others = {**planned, **{g.seq: 1 for g in rest}, **prefill}
+        slots.append(slot := _round_slot(gen, lambda: gen.controller.share_step(
+            others, expected + len(rest), gen.seq, split, joint)))
+        if slot.round is not None:
+            planned[gen.seq] = len(slot.tokens)
+            expected += gen.controller.expected_for(len(slot.round.draft))
     if joint:
         even_blocks(slots, prefill, costs)
         planned = {s.gen.seq: len(s.tokens) for s in slots if s.tokens}
     for gen, chunk in zip(prefilling, _prefill_chunks(prefilling, capacity, sum(planned.values()), prefill_chunk)):
         if chunk:
-            slots.append(Slot(gen, chunk))
+            # the prompt's last chunk carries the first round (Round.lead): the first token comes
+            # from the prompt's own forward, as in plain llama.cpp, not from one more
+            folds = len(chunk) > len(gen.prefill_left)
+            slots.append(_round_slot(gen, lead=chunk[:-1]) if folds else Slot(gen, chunk))
     return slots
+
+
+def _round_slot(gen: Generation, before: Callable[[], None] | None = None, lead: Sequence[int] = ()) -> Slot:
+    """gen's planned round as a slot (`before` runs first: the step it shares); a slot
+    with no tokens when it fails or finished without a forward (context full)."""
+    try:
+        if before is not None:
+            before()
+        rnd = gen.plan(lead)
+    except Exception as exc:  # noqa: BLE001  (the request fails, the step goes on)
+        return Slot(gen, [], error=exc)
+    return Slot(gen, rnd.block, rnd) if rnd is not None else Slot(gen, [], finished=True)
 
 
 EVEN_GAIN = 1.05  # blocks are evened only where that is priced >= 5 % faster (the curve is noisy)
@@ -195,10 +204,16 @@ def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, pr
     budget = min(capacity - shared, prefill_chunk) if shared else capacity
     chunks = []
     for gen in prefilling:
-        chunk = gen.prefill_left[:max(0, budget)]
+        chunk = _prompt_rows(gen)[:max(0, budget)]
         budget -= len(chunk)
         chunks.append(chunk)
     return chunks
+
+
+def _prompt_rows(gen: Generation) -> list[int]:
+    """The rows gen's prompt still needs: `prefill_left`, then the pending token where
+    the last chunk may carry the first round (Generation.folds_prompt)."""
+    return [*gen.prefill_left, gen.context[-1]] if gen.folds_prompt else gen.prefill_left
 
 
 def forwards(target: Backend, work: list[Slot], costs: CostModel | None) -> list[list[Slot]]:
@@ -228,7 +243,7 @@ def run_step(target: Backend, slots: list[Slot], costs: CostModel | None = None)
 def _run_forward(target: Backend, group: list[Slot]) -> None:
     t0 = clock_ms()
     try:
-        dists = score(target, [(s.gen, s.tokens, s.round is not None) for s in group])
+        dists = score(target, [(s.gen, s.tokens, s.round) for s in group])
     except Exception as exc:  # noqa: BLE001  (every request in the forward fails)
         for s in group:
             s.error = exc

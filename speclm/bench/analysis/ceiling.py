@@ -151,11 +151,12 @@ def observed_curves(timed: Mapping[str, dict[int, float]], rounds: Iterable[dict
                     ) -> tuple[dict[str, dict[int, float]], dict[str, dict[int, int]]]:
     """Per category of `timed`: (costs.observed_curve of its timed curve and the forwards
     `target`'s rounds ran there, the forwards counted per block size). rounds: rounds.jsonl
-    lines of any method; a round run in a shared forward (batch_passes) is left out, as its
-    time is not one block's."""
+    lines of any method; a round run in a shared forward (batch_passes) or folded with the
+    prompt's last chunk (prompt_rows) is left out, as its time is not one block's."""
     forwards: dict[str, list[tuple[int, float]]] = {cat: [] for cat in timed}
     for r in rounds:
-        if r.get("target_name") == target and r.get("category") in forwards and not r.get("batch_passes"):
+        if r.get("target_name") == target and r.get("category") in forwards and not r.get("batch_passes") \
+                and not r.get("prompt_rows"):
             forwards[r["category"]].append((r["proposed"] + 1, r["verify_ms"]))
     seen = {cat: observed_curve(curve, forwards[cat]) for cat, curve in timed.items()}
     return {cat: c for cat, (c, _) in seen.items()}, {cat: n for cat, (_, n) in seen.items()}

@@ -53,7 +53,7 @@ def project(requests: Sequence[dict]) -> list[dict]:
             if not sd or not any(r.get("cache_rounds") for r in ssd):
                 continue
             c_sd, c_ssd = merge_counts(sd), merge_counts(ssd)
-            v = sum(r["verify_ms"] for r in sd) / c_sd["rounds"]
+            v = sum(r["verify_ms"] for r in sd) / max(1, c_sd["rounds"] - sum(r.get("prompt_rounds", 0) for r in sd))
             o = sum(r["other_ms"] for r in sd) / c_sd["rounds"]
             d = (sum(r["draft_ms"] - r.get("first_round_draft_ms", 0.0) for r in sd)
                  / max(1, c_sd["proposed"] - sum(r.get("first_round_proposed", 0) for r in sd)))
