@@ -155,8 +155,8 @@ def observed_curves(timed: Mapping[str, dict[int, float]], rounds: Iterable[dict
     prompt's last chunk (prompt_rows) is left out, as its time is not one block's."""
     forwards: dict[str, list[tuple[int, float]]] = {cat: [] for cat in timed}
     for r in rounds:
-        if r.get("target_name") == target and r.get("category") in forwards and not r.get("batch_passes") \
-                and not r.get("prompt_rows"):
+        own_forward = not r.get("batch_passes") and not r.get("prompt_rows")
+        if r.get("target_name") == target and r.get("category") in forwards and own_forward:
             forwards[r["category"]].append((r["proposed"] + 1, r["verify_ms"]))
     seen = {cat: observed_curve(curve, forwards[cat]) for cat, curve in timed.items()}
     return {cat: c for cat, (c, _) in seen.items()}, {cat: n for cat, (_, n) in seen.items()}
