@@ -50,7 +50,7 @@ MIXED = [  # (prompt, sampling, spec): every method with a deterministic K seque
     ([3, 4] * 20, SamplingParams(temperature=1.3, top_k=3, seed=3, max_new_tokens=40),
      SpecConfig(method="sd-suffix", k=6)),
     ([5], SamplingParams(temperature=1.0, min_p=0.2, seed=4, max_new_tokens=15),
-     SpecConfig(method="heuristic", k=5, proposer="draft")),
+     SpecConfig(method="heuristic", k=5, proposal="draft")),
     ([0, 5, 0, 5, 0, 5], SamplingParams(max_new_tokens=33), SpecConfig(method="auto", k=8)),  # greedy: K-free
     ([4, 3, 2, 1] * 10, SamplingParams(temperature=0.9, seed=6, max_new_tokens=28, stop=("ab",)),
      SpecConfig(method="sd-draft", k=3)),

@@ -198,7 +198,7 @@ def test_empty_or_missing_dataset_is_a_clear_error(tmp_path):
 def test_bench_methods_come_from_the_method_table():
     got = methods.parse_methods(["auto-ngram", "sd-draft"])
     assert [m.name for m in got] == ["ar", "auto-ngram", "sd-draft"]
-    assert got[1].spec(3).proposer == "ngram" and got[1].spec(3).method == "auto" and got[0].spec(5).effective_k == 0
+    assert got[1].spec(3).proposal == "ngram" and got[1].spec(3).method == "auto" and got[0].spec(5).effective_k == 0
     assert [(m.name, k) for m, k in BenchConfig(methods=["sd-ngram"], ks=[2, 4]).configs()] == [
         ("ar", 0), ("sd-ngram", 2), ("sd-ngram", 4)]
     with pytest.raises(InvalidRequestError, match="unknown bench method 'foo'"):

@@ -111,7 +111,7 @@ def test_adaptive_methods_keep_greedy_output_identical(method, proposer):
     params = SamplingParams(max_new_tokens=60)
     ar = llm.generate([0, 1, 2, 3], params, SpecConfig(method="ar"))
     ngram = {"ngram_min": 1, "ngram_max": 3} if proposer == "ngram" else {}  # a draft proposer refuses them
-    out = llm.generate([0, 1, 2, 3], params, SpecConfig(method=method, k=6, proposer=proposer, **ngram))
+    out = llm.generate([0, 1, 2, 3], params, SpecConfig(method=method, k=6, proposal=proposer, **ngram))
     assert out.token_ids == ar.token_ids
     assert all(r.note for r in out.rounds)  # every decision is explained in the trace
 
@@ -120,7 +120,7 @@ def test_auto_on_a_real_model_records_its_decisions(smollm):
     ids = smollm.encode("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,")
     params = SamplingParams(max_new_tokens=40)
     ar = smollm.generate(ids, params, SpecConfig(method="ar"))
-    auto = smollm.generate(ids, params, SpecConfig(method="auto", k=8, proposer="ngram"))
+    auto = smollm.generate(ids, params, SpecConfig(method="auto", k=8, proposal="ngram"))
     assert auto.token_ids == ar.token_ids
     assert any(r.proposed > 0 for r in auto.rounds)  # repetitive text: speculation was tried
     assert all(r.note for r in auto.rounds)

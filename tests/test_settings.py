@@ -135,7 +135,7 @@ def test_every_surface_defaults_to_the_same_method():
     (SpecConfig(method="auto", p_min=0.3), "p_min"),
     (SpecConfig(method="sd-suffix", ngram_max=6), "ngram_max"),
     (SpecConfig(method="sd-ngram").with_options(max_depth=8), "suffix_max_depth"),
-    (SpecConfig(method="sd-ngram", proposer="suffix"), "proposer"),
+    (SpecConfig(method="sd-ngram", proposal="suffix"), "proposal"),
     (SpecConfig(method="ar").with_options(fanout=2), "ssd_fanout"),
 ])
 def test_a_setting_the_method_does_not_read_is_an_error(spec, unused):
@@ -170,3 +170,14 @@ def test_a_request_setting_its_method_ignores_is_a_400_but_the_servers_defaults_
 def test_a_bench_warns_once_about_a_base_setting_no_swept_method_reads():
     assert BenchConfig(methods=["sd-ngram"], ks=[2], base=SpecConfig(p_min=0.3)).unused_settings() == ["--p-min"]
     assert BenchConfig(methods=["sd-draft"], ks=[2], base=SpecConfig(p_min=0.3)).unused_settings() == []
+
+
+def test_the_old_name_proposer_still_sets_the_proposal_and_says_it_is_deprecated():
+    with pytest.warns(DeprecationWarning, match="proposal="):
+        spec = SpecConfig(method="auto", proposer="ngram")
+    assert spec.proposal == "ngram"
+    assert dataclasses.replace(spec, k=3).proposal == "ngram"
+    with pytest.warns(DeprecationWarning, match=r"\.proposal"):
+        assert spec.proposer == "ngram"
+    with pytest.raises(InvalidRequestError, match="disagree"), pytest.warns(DeprecationWarning):
+        SpecConfig(method="auto", proposer="ngram", proposal="suffix")

@@ -5,6 +5,7 @@ here; method-owned settings are nested dataclasses (`ssd`)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +27,9 @@ class SpecConfig:
     """How to speculate (`speclm.speculative.methods` lists the methods).
 
     k: draft tokens per round (for adaptive methods: the maximum; None: the
-    method's default_k). proposer:
-    what an adaptive method drafts with (None: the draft model when the LLM
-    has one, else prompt lookup). ssd, suffix, medusa: those proposals' own settings.
+    method's default_k). proposal: the PROPOSALS key an adaptive method drafts
+    with (None: the method's own; `--proposer` on the command line; `proposer=`
+    is its deprecated name). ssd, suffix, medusa: those proposals' own settings.
     cache_scope: the LLM's suffix cache (and online-adapted heads) this request
     drafts from and teaches (None: the LLM's default scope); set by the caller, never by a client.
     """
@@ -38,8 +39,9 @@ class SpecConfig:
                          choices=method_names, request=True)
     k: int | None = option(None, "draft tokens per round (for auto/heuristic: the maximum; "
                            f"default: the method's, {default_k_note()})", kind=int, request=True)
-    proposer: str | None = option(None, "what auto/heuristic draft with (default: auto suffix decoding; "
-                                  "heuristic the draft model, n-gram without one)", choices=selectable_proposals)
+    proposal: str | None = option(None, "what auto/heuristic draft with (default: auto suffix decoding; "
+                                  "heuristic the draft model, n-gram without one)", flag="--proposer",
+                                  choices=selectable_proposals)
     p_min: float = option(0.0, "draft model: stop drafting when its top-1 probability falls below this",
                           reads=("draft", "ssd"))
     ngram_min: int = option(2, "prompt lookup: shortest n-gram matched", request=True, reads=("ngram",))
@@ -59,10 +61,10 @@ class SpecConfig:
             object.__setattr__(self, "k", method.default_k)
         if method.uses_k and (not is_int(self.k) or not 1 <= self.k <= MAX_K):
             raise InvalidRequestError(f"K must be an integer in [1, {MAX_K}] for {self.method}, got {self.k!r}")
-        if self.proposer is not None and self.proposer not in selectable_proposals():
-            raise InvalidRequestError(f"proposer must be one of {', '.join(selectable_proposals())}, "
-                                      f"got {self.proposer!r}")
-        if "ngram" in (method.proposal, self.proposer):
+        if self.proposal is not None and self.proposal not in selectable_proposals():
+            raise InvalidRequestError(f"proposal (--proposer) must be one of {', '.join(selectable_proposals())}, "
+                                      f"got {self.proposal!r}")
+        if "ngram" in (method.proposal, self.proposal):
             check_ngram_sizes(self.ngram_min, self.ngram_max)
         if not isinstance(self.p_min, (int, float)) or not 0.0 <= self.p_min < 1.0:
             raise InvalidRequestError(f"p_min must be in [0, 1) (--p-min), got {self.p_min!r}")
@@ -76,7 +78,7 @@ class SpecConfig:
     def unused_settings(self, proposal: str | None) -> list[Option]:
         """The options set away from their defaults that a request drafting with
         `proposal` (None: plain decoding) never reads: each is a mistake to report
-        (a proposer for a method that does not choose one, too)."""
+        (a proposal for a method that does not choose one, too)."""
         out = []
         for opt in spec_options():
             holder = self if opt.section is None else getattr(self, opt.section, None)
@@ -84,7 +86,7 @@ class SpecConfig:
             if value == opt.default:
                 continue
             if opt.reads is not None and proposal not in opt.reads or \
-                    opt.name == "proposer" and not get_method(self.method).adaptive:
+                    opt.name == "proposal" and not get_method(self.method).adaptive:
                 out.append(opt)
         return out
 
@@ -114,3 +116,28 @@ def spec_options() -> list[Option]:
         out.extend(o if o.reads is not None else dataclasses.replace(o, reads=(section,))
                    for o in options_of(cls, section))
     return out
+
+
+
+# ---- `proposer`, `proposal`'s deprecated name (it held a PROPOSALS key, not a Proposer) ----
+_dataclass_init = SpecConfig.__init__
+
+
+def _init_accepting_proposer(self: SpecConfig, *args: Any, proposer: str | None = None, **kwargs: Any) -> None:
+    if proposer is not None:
+        warnings.warn("SpecConfig(proposer=...) is deprecated: pass proposal=... (the same key)",
+                      DeprecationWarning, stacklevel=2)
+        if kwargs.get("proposal") not in (None, proposer):
+            raise InvalidRequestError(f"proposer={proposer!r} (deprecated) and proposal={kwargs['proposal']!r} "
+                                      "disagree: pass proposal alone")
+        kwargs["proposal"] = proposer
+    _dataclass_init(self, *args, **kwargs)
+
+
+def _read_proposer(self: SpecConfig) -> str | None:
+    warnings.warn("SpecConfig.proposer is deprecated: read .proposal", DeprecationWarning, stacklevel=2)
+    return self.proposal
+
+
+SpecConfig.__init__ = _init_accepting_proposer
+SpecConfig.proposer = property(_read_proposer)

@@ -57,7 +57,7 @@ class Proposal:
     per-token acceptance estimate (a goodput controller then keeps the prefix that
     pays); outlives_request(spec): what it learns from a request stays for the
     next ones (so a re-run replays, and tenants need scopes); selectable:
-    adaptive methods may draft with it (`SpecConfig.proposer`); predicts: it drafts
+    adaptive methods may draft with it (`SpecConfig.proposal`); predicts: it drafts
     from a client's prediction of the output too (its proposer has `predict(tokens)`)."""
 
     name: str
@@ -134,7 +134,7 @@ class Method:
     """One speculation method.
 
     proposal: a PROPOSALS key (None: plain decoding, K = 0); adaptive: the
-    request's `proposer` may replace it (and without a draft model it becomes
+    request's `proposal` may replace it (and without a draft model it becomes
     NO_MODEL_PROPOSAL); controller(llm, spec): picks K each round (None: fixed
     K); threads(llm, spec): the target's compute threads for the request.
     proposal may also be a Proposal record, which register() adds to PROPOSALS.
@@ -166,8 +166,8 @@ class Method:
         """The PROPOSALS key this request drafts with (None: plain decoding)."""
         if not self.adaptive:
             return self.proposal
-        if spec.proposer is not None:
-            return spec.proposer
+        if spec.proposal is not None:
+            return spec.proposal
         return self.proposal if has_draft or not PROPOSALS[self.proposal].needs_draft else NO_MODEL_PROPOSAL
 
     def needs_draft(self, spec: SpecConfig, has_draft: bool = True) -> bool:

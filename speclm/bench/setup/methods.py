@@ -37,7 +37,7 @@ class BenchMethod:
 
     name: str
     method: str
-    proposer: str | None = None
+    proposal: str | None = None  # the PROPOSALS key it drafts with (None: the method's own)
     base: SpecConfig = dataclasses.field(default_factory=lambda: SpecConfig(method=BASELINE))
     predicted: bool = False  # drafts from the prompt's prediction too (NAME+prediction)
     constrained: bool = False  # the answer is constrained by the prompt's grammar (NAME+schema)
@@ -45,7 +45,7 @@ class BenchMethod:
     @property
     def description(self) -> str:
         text = TABLE[self.method].description
-        text = f"{text}; drafts with {self.proposer}" if self.proposer else text
+        text = f"{text}; drafts with {self.proposal}" if self.proposal else text
         text = f"{text}; given the prompt's prediction (Predicted Outputs)" if self.predicted else text
         return f"{text}; constrained by the prompt's grammar" if self.constrained else text
 
@@ -63,7 +63,7 @@ class BenchMethod:
         return TABLE[self.method].needs_draft(self.spec(1), has_draft=True)
 
     def spec(self, k: int) -> SpecConfig:
-        return dataclasses.replace(self.base, method=self.method, proposer=self.proposer,
+        return dataclasses.replace(self.base, method=self.method, proposal=self.proposal,
                                    k=k if self.uses_k else self.base.k, shared=True)
 
     def generate(self, llm: LLM, prompt_ids: list[int], params: SamplingParams,
@@ -94,7 +94,7 @@ def bench_methods(base: SpecConfig | None = None) -> dict[str, BenchMethod]:
             if p.selectable and p.name != m.proposal:
                 out[f"{m.name}-{p.name}"] = BenchMethod(f"{m.name}-{p.name}", m.name, p.name, base)
     for name, bm in list(out.items()):  # NAME+prediction: the same method given the prompt's prediction
-        kind = bm.proposer or TABLE[bm.method].proposal
+        kind = bm.proposal or TABLE[bm.method].proposal
         if kind is not None and PROPOSALS[kind].predicts:
             out[f"{name}+prediction"] = dataclasses.replace(bm, name=f"{name}+prediction", predicted=True)
     for name, bm in list(out.items()):  # NAME+schema: the same method under the prompt's grammar
