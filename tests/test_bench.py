@@ -102,6 +102,15 @@ def test_speedup_is_ratio_of_wall_totals_with_per_pair_spread():
     assert (s["prompts_faster"], s["prompts"]) == (1, 2)
 
 
+def test_decode_only_counts_only_the_tokens_emitted_after_the_prefill():
+    """The prompt's forward carries the first round (prefill_ms holds its time), so a method
+    whose first round emits 9 tokens must not get them for free in its decode figure."""
+    ar = {**req("ar", 0, 0, 0, 300.0), "prefill_ms": 100.0, "output_tokens": 20, "decode_tokens": 19}
+    sd = {**req("sd-suffix", 8, 0, 0, 200.0), "prefill_ms": 110.0, "output_tokens": 20, "decode_tokens": 11}
+    s = ratios.speedup_stats(ratios.pair_with_ar([ar, sd]))
+    assert s["decode_speedup"] == pytest.approx((200 / 19) / (90 / 11))
+
+
 def test_group_rows_verdicts_and_identity():
     rows = {(r["method"], r["k"]): r for r in groups.group_rows(RECORDS)}
     assert rows[("ar", 0)]["speedup"] == 1.0 and rows[("ar", 0)]["identity"] is None

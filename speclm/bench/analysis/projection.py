@@ -18,7 +18,7 @@ target on the full machine); d: their draft ms per token after the first round
 wait for a block on a hit, mean block length and mean acceptance length.
 It assumes the speculator keeps the hit rate it had on its share of this
 machine, and that the verifier's wait on a hit is what it was here. Prefill
-is excluded on every side (decode tok/s = output tokens / (wall − prefill)).
+is excluded on every side (decode tok/s = tokens after the prefill / (wall − prefill)).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from collections.abc import Sequence
 from ...costs import round_cost
 from ...speculative.methods import METHODS as TABLE
 from .counts import merge_counts
+from .ratios import decode_tokens
 
 
 def _decode_tok_s(recs: Sequence[dict]) -> float | None:
     ms = sum(r["wall_ms"] - r.get("prefill_ms", 0.0) for r in recs)
-    return 1000.0 * sum(r["output_tokens"] for r in recs) / ms if ms > 0 else None
+    return 1000.0 * sum(decode_tokens(r) for r in recs) / ms if ms > 0 else None
 
 
 def project(requests: Sequence[dict]) -> list[dict]:

@@ -7,7 +7,8 @@ token, never of raw wall time unless the lengths match:
                    (Σ AR wall / Σ AR output tokens) / (Σ method wall / Σ method output
                    tokens) = method tok/s over AR tok/s on the same prompts.
 - decode_speedup   the same with each request's prefill taken out: (wall − prefill)
-                   per output token.
+                   per token emitted after it (`decode_tokens`: the first round, carried
+                   by the prompt's forward, counts with the prefill; design.md#the-first-token).
 - prefill_speedup  AR prefill ms per prompt token / method prefill ms per prompt token.
 - wall_speedup     Σ AR wall / Σ method wall over the `same_length` pairs (of `pairs`)
                    whose output lengths match; None when none match.
@@ -62,6 +63,11 @@ def _out(r: dict) -> float | None:
     return r.get("output_tokens")
 
 
+def decode_tokens(r: dict) -> float | None:
+    """The tokens a record emitted after its prefill_ms (all of them in records that do not say)."""
+    return r.get("decode_tokens", r.get("output_tokens"))
+
+
 def _prompt(r: dict) -> float | None:
     return r.get("prompt_tokens") if r.get("prefill_ms") is not None else None
 
@@ -83,7 +89,7 @@ def speedup_stats(pairs: Sequence[Pair]) -> dict:
     for m, a in pairs:
         per_prompt[(m["category"], m["prompt_index"])].append((m, a))
     faster = [per_token_ratio(ps) for ps in per_prompt.values()]
-    return {"speedup": per_token_ratio(pairs), "decode_speedup": per_token_ratio(pairs, _decode),
+    return {"speedup": per_token_ratio(pairs), "decode_speedup": per_token_ratio(pairs, _decode, decode_tokens),
             "prefill_speedup": per_token_ratio(pairs, lambda r: r["prefill_ms"], _prompt),
             "wall_speedup": sum(a["wall_ms"] for _, a in same) / sum(m["wall_ms"] for m, _ in same) if same else None,
             "same_length": len(same), "pairs": len(pairs), "speedup_dist": distribution(ratios),

@@ -37,8 +37,10 @@ def request_record(result: GenerationResult, meta: dict) -> dict:
             # the first round's drafting includes the draft model's own prompt prefill
             "first_round_draft_ms": result.rounds[0].draft_ms if result.rounds else 0.0,
             "first_round_proposed": result.rounds[0].proposed if result.rounds else 0,
-            # rounds whose forward also prefilled the prompt's last chunk: verify_ms leaves them out
+            # rounds whose forward also prefilled the prompt's last chunk: verify_ms leaves them out,
+            # prefill_ms holds their time, so decode figures count only the tokens after them
             "prompt_rounds": sum(1 for r in result.rounds if r.prompt_rows),
+            "decode_tokens": s.output_tokens - sum(r.emitted for r in result.rounds if r.prompt_rows),
             "draft_share": s.draft_ms / wall if wall > 0 else 0.0,
             "verify_share": s.verify_ms / wall if wall > 0 else 0.0,
             "peak_rss_mb": peak_rss_mb(), "load1": os.getloadavg()[0],
