@@ -206,7 +206,7 @@ class LLM:
         proposal = self.proposal_of(spec)
         if self._needs_draft(proposal) and not self.has_draft:
             raise InvalidRequestError(f"method {spec.method} needs a draft model: pass draft=NAME|PATH (--draft)")
-        if not spec.shared and (unused := [o.dest.replace(".", "_") for o in spec.unused_settings(proposal)]):
+        if not spec.shared and (unused := [_setting_name(o) for o in spec.unused_settings(proposal)]):
             raise InvalidRequestError(
                 f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not read by method {spec.method} "
                 f"(it drafts with {proposal or 'nothing: plain decoding'}): drop "
@@ -378,3 +378,10 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _setting_name(opt) -> str:
+    """A SpecConfig option as a library user names it (`with_options`' flat name), with its
+    command-line flag beside it where that is another word (`proposal (--proposer)`)."""
+    name = opt.dest.replace(".", "_")
+    return name if opt.flag == "--" + name.replace("_", "-") else f"{name} ({opt.flag})"

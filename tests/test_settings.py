@@ -135,8 +135,8 @@ def test_every_surface_defaults_to_the_same_method():
     (SpecConfig(method="auto", p_min=0.3), "p_min"),
     (SpecConfig(method="sd-suffix", ngram_max=6), "ngram_max"),
     (SpecConfig(method="sd-ngram").with_options(max_depth=8), "suffix_max_depth"),
-    (SpecConfig(method="sd-ngram", proposal="suffix"), "proposal"),
-    (SpecConfig(method="ar").with_options(fanout=2), "ssd_fanout"),
+    (SpecConfig(method="sd-ngram", proposal="suffix"), "proposal (--proposer)"),
+    (SpecConfig(method="ar").with_options(fanout=2), "ssd_fanout (--fanout)"),
 ])
 def test_a_setting_the_method_does_not_read_is_an_error(spec, unused):
     toy = LLM(target=ToyBackend(6, seed=1))
