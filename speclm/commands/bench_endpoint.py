@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from ..bench.endpoint.bench import Server, bench_endpoints
+from ..bench.endpoint.bench import Endpoint, bench_endpoints
 from ..bench.endpoint.client import base_url
 from ..bench.output.sections import print_sections
 from ..errors import InvalidRequestError
@@ -66,10 +66,10 @@ def cmd_endpoint_bench(args: argparse.Namespace, v: dict, prompts: list) -> int:
     (commands/bench.resolve_args), `prompts` the prompt set they select."""
     keys_a = tuple(split_keys(args.endpoint_api_key or os.environ.get("SPECLM_API_KEY")))
     operator = args.endpoint_operator_key or os.environ.get("SPECLM_OPERATOR_KEY") or None
-    servers = [Server("A", args.endpoint, keys_a, args.endpoint_model, operator)]
+    servers = [Endpoint("A", args.endpoint, keys_a, args.endpoint_model, operator)]
     if args.endpoint_b:
         keys_b = tuple(split_keys(args.endpoint_api_key_b)) or keys_a
-        servers.append(Server("B", args.endpoint_b, keys_b, args.endpoint_model_b, operator))
+        servers.append(Endpoint("B", args.endpoint_b, keys_b, args.endpoint_model_b, operator))
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))
     out = bench_endpoints(servers, prompts, v["config"], out_dir, timeout=args.endpoint_timeout, dataset=args.dataset)
     print_sections(out["sections"])

@@ -35,8 +35,8 @@ from .run import EndpointRun, run_concurrency, run_sequential
 
 
 @dataclass(frozen=True)
-class Server:
-    """A server as the command names it: label ('A' or 'B'), URL, API keys (several: as many
+class Endpoint:
+    """A server under test, as the command names it: label ('A' or 'B'), URL, API keys (several: as many
     tenants), model id (None: its first), and the key /metrics is read with (a speclm
     server's operator key; None: the first API key)."""
 
@@ -47,7 +47,7 @@ class Server:
     metrics_key: str | None = None
 
 
-def bench_endpoints(servers: Sequence[Server], prompts: Sequence[Prompt], cfg: BenchConfig, out_dir: Path, *,
+def bench_endpoints(servers: Sequence[Endpoint], prompts: Sequence[Prompt], cfg: BenchConfig, out_dir: Path, *,
                     timeout: float, dataset: str | None = None) -> dict:
     """Benchmark `servers` on `prompts` and write every output into out_dir; returns
     {"summary", "manifest", "report" (report.md's path), "sections" (for the console)}.
