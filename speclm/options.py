@@ -3,7 +3,7 @@ default, help text, command-line flag, whether an HTTP request may set it,
 and which proposals read it.
 
 Every command's flags are generated from these fields
-(`speclm.commands.options.add_options`), and the server generates its request
+(`speclm.commands.flags.add_options`), and the server generates its request
 fields from the ones marked `request` (`speclm.server.schemas`); nobody
 repeats a name, a default or a help line. The dataclasses that declare
 settings: SamplingParams (sampling.py), LoadConfig (backends/load.py),

@@ -15,7 +15,7 @@ from speclm.backends.toy import ToyBackend
 from speclm.commands import bench as bench_cli
 from speclm.bench.setup import methods as bench_methods
 from speclm.commands import build_parser
-from speclm.commands.options import spec_from_args
+from speclm.commands.flags import spec_from_args
 from speclm.errors import InvalidRequestError
 from speclm.server import ServerConfig, create_app
 from speclm.speculative.methods import METHODS, Method, Proposal, register, unregister

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from speclm import LLM
-from speclm.commands.options import build
+from speclm.commands.flags import build
 from speclm.commands.serve import uvicorn_config
 from speclm.server import ServerConfig, create_app
 
@@ -185,7 +185,7 @@ def test_half_sent_bodies_hold_no_queue_place():
 
 @pytest.mark.parametrize("flags", [("--header-timeout", "0"), ("--max-connections-per-client", "-1")])
 def test_bad_connection_flags_are_refused(flags):
-    from speclm.commands.options import build
+    from speclm.commands.flags import build
     from speclm.errors import InvalidRequestError
     from speclm.server.config import ListenConfig
     with pytest.raises(InvalidRequestError):

@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from speclm import LLM, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.server import ServerConfig, create_app
-from speclm.commands.options import build
+from speclm.commands.flags import build
 from speclm.commands.serve import add_serve_parser, cmd_serve, uvicorn_config
 from speclm.server.connections import ConnectionLimits
 from speclm.speculative.ssd.client import SpeculatorConfig

@@ -37,7 +37,7 @@ from ..bench.trust.policy import TrustPolicy
 from ..machine import busy_warning
 from ..speculative.replay import BOUNDS, POLICIES
 from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
-from .options import add_json_option, add_options, add_spec_options, build, spec_from_args, speculator_config
+from .flags import add_json_option, add_options, add_spec_options, build, spec_from_args, speculator_config
 
 # Sized by measurement on 2 Zen 3 cores: ~6 prompts × the default methods (3) × 48 tokens.
 QUICK = {"categories": ["humaneval", "code-edit", "chat"], "prompts_per_category": 2, "ks": [4],

@@ -18,7 +18,7 @@ import sys
 from ..backends import kernels as K
 from ..backends import probe
 from ..backends.load import LoadConfig
-from .options import add_json_option, add_options
+from .flags import add_json_option, add_options
 from ..machine import cpu_model, isa_flags
 
 AMX_REBUILD = ("CMAKE_ARGS=\"-DGGML_NATIVE=ON -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' "

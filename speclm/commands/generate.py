@@ -12,7 +12,7 @@ from ..backends.load import LoadConfig
 from ..constraints import Grammar
 from ..sampling import SamplingParams
 from ..speculative.methods import get_method
-from .options import add_json_option, add_options, add_spec_options, build, open_llm, spec_from_args
+from .flags import add_json_option, add_options, add_spec_options, build, open_llm, spec_from_args
 
 
 def add_generate_parser(sub) -> None:

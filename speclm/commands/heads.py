@@ -9,7 +9,7 @@ from pathlib import Path
 from ..backends.load import LoadConfig
 from ..errors import InvalidRequestError
 from ..heads.train import TrainConfig
-from .options import add_options, build
+from .flags import add_options, build
 
 
 def add_heads_parser(sub) -> None:

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from speclm.backends.load import LoadConfig
-from speclm.commands.options import add_json_option, add_options
+from speclm.commands.flags import add_json_option, add_options
 from speclm.errors import ModelError
 from speclm.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY
 from speclm.models.catalog import list_models, resolve_model

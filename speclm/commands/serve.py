@@ -36,7 +36,7 @@ from ..server.config import ListenConfig, ServerConfig
 from ..server.connections import guarded_protocol
 from ..distributed.settings import RaySettings, ReplicaSpec
 from ..speculative.config import SpecConfig
-from .options import add_options, add_spec_options, build, llm_arguments, spec_from_args
+from .flags import add_options, add_spec_options, build, llm_arguments, spec_from_args
 
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
