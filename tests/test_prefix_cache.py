@@ -41,11 +41,23 @@ def test_a_prompt_sharing_an_earlier_start_prefills_only_the_rest_and_emits_the_
     assert (stats["lookups"], stats["hits"], stats["reused_tokens"]) == (2, 1, 14)
 
 
-def test_an_identical_prompt_still_prefills_its_last_row():
+def test_an_identical_prompt_is_restored_but_its_pending_token_which_the_first_round_scores():
     llm = LLM(target=_toy(), prefix_cache_tokens=1000)
     _run(llm, BASE)
+    rows_before = llm.target.scored_tokens
     out = _run(llm, BASE)
-    assert out.cached_prompt_tokens == len(BASE) - 2  # all but the prefilled row and the pending token
+    assert out.cached_prompt_tokens == len(BASE) - 1
+    assert out.rounds[0].prompt_rows == 0 and out.summary.prefill_ms > 0  # the restore was its prefill
+    assert llm.target.scored_tokens - rows_before == out.summary.rounds + out.summary.proposed  # no prompt row
+
+
+def test_with_hidden_states_an_identical_prompt_still_prefills_its_last_row():
+    """A proposer reading hidden states (Medusa) needs the prompt's own forward."""
+    target = _toy()
+    target.enable_hidden()
+    llm = LLM(target=target, prefix_cache_tokens=1000)
+    _run(llm, BASE)
+    assert _run(llm, BASE).cached_prompt_tokens == len(BASE) - 2
 
 
 def test_scopes_never_reuse_each_others_kv():

@@ -218,15 +218,18 @@ class Generation:
             # at least one row is still prefilled (hidden states need a forward)
             self.kv_len = self.cached_tokens = self.prefix_cache.restore(
                 self.cache_scope, self.target, self.seq, self.reusable_prompt, live)
+            if self.cached_tokens and not self.prefill_left:  # the whole prompt restored: that was its prefill
+                self.prefill_ms = clock_ms() - self.t_begin
         if self.proposer is not None and self.k > 0:
             self.proposer.attach(self.target, self.seq)
             self.proposer.begin(self.context, self.params)
 
     @property
     def reusable_prompt(self) -> list[int]:
-        """The prompt tokens a KV copy may fill: all but the last row to prefill
-        (a proposer reading hidden states needs one forward) and the pending token."""
-        return self.context[:max(0, len(self.prompt_ids) - 2)]
+        """The prompt tokens a KV copy may fill: all but the pending token (the first
+        round scores it), and but the last prompt row too where the target keeps hidden
+        states (a proposer reading them needs the prompt's own forward)."""
+        return self.context[:max(0, len(self.prompt_ids) - (2 if self.target.keeps_hidden else 1))]
 
     @property
     def prefill_left(self) -> list[int]:
