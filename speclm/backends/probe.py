@@ -48,7 +48,7 @@ MARGIN_FOR_TOP1 = 2 * LOGIT_TOLERANCE  # top-1 must agree where the reference le
 FAULT_ENV = "SPECLM_PROBE_FAULT"  # test hook: "CONFIG_OR_FAMILY:segv|hang|wrong[,...]"
 SMALL_MODEL = "smollm2-135m"
 MODEL_UNUSABLE = 3  # a child's exit status when the model itself cannot be loaded (any kernels)
-GOODPUT_ALPHAS = (0.6, 0.8, 0.9, 0.95, 0.98)  # acceptance rates a speculation score averages over
+SPECULATION_ALPHAS = (0.6, 0.8, 0.9, 0.95, 0.98)  # acceptance rates a speculation score averages over
 TIE = 0.10  # a configuration must score this much better than an earlier one in build order to win:
 # two probes of configurations that run the same kernels differed by up to 9 % (docs/kernels.md)
 _TEXT = ("def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n"
@@ -289,7 +289,7 @@ WORKS = ("speculation", "decoding", "serving")  # what a process loads a model f
 def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
     """Tokens per second the curve gives the work, its rounds priced as the controller
     prices them (costs.round_rate: E / (v(K + 1) + o)): one token a round at K = 0 for
-    decoding; for speculation, the geometric mean over GOODPUT_ALPHAS of the best rate
+    decoding; for speculation, the geometric mean over SPECULATION_ALPHAS of the best rate
     over K (costs.best_rate);
     for serving `streams` concurrent requests (streams > 1), the tokens per second they
     get together when each decodes one token a step, the step priced as the engine
@@ -305,7 +305,7 @@ def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
     if work == "serving" and streams > 1:
         blocks = {seq: 1 for seq in range(streams)}
         return 1000.0 * streams / cost.step_as_run(blocks)
-    best = [best_rate(cost, a, min(max(v_ms) - 1, TIMED_K)) for a in GOODPUT_ALPHAS]
+    best = [best_rate(cost, a, min(max(v_ms) - 1, TIMED_K)) for a in SPECULATION_ALPHAS]
     return 1000.0 * float(np.exp(np.mean(np.log(best))))
 
 
