@@ -215,7 +215,6 @@ class Generation:
         self.kv_len = 0  # prompt tokens (context[:-1] at the start) in the KV so far
         self.prompt_end = len(self.context) - 1  # where prefill stops: later tokens enter the KV by rounds
         if self.prefix_cache is not None and self.prompt_logprobs is None:  # a scored prompt computes every row
-            # at least one row is still prefilled (hidden states need a forward)
             self.kv_len = self.cached_tokens = self.prefix_cache.restore(
                 self.cache_scope, self.target, self.seq, self.reusable_prompt, live)
             if self.cached_tokens and not self.prefill_left:  # the whole prompt restored: that was its prefill
