@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import warnings
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -201,6 +202,27 @@ class GrammarMask:
             self.matcher.rollback(consumed)
         self._check()
         return out
+
+    def certain_rows(self, tokens: list[int], candidates: Sequence[int]) -> tuple[int, ...]:
+        """The draft positions among `candidates` (the forced ones: shape's result) where
+        the grammar allows exactly one token after tokens[:i]. Their masked p is one-hot
+        whatever the logits, so the target need not compute those rows' logits. A forced
+        (fast-forward) token need not be one: `{"` forced may still allow `{`."""
+        certain, pos = [], 0
+        try:
+            for i in sorted(c for c in candidates if c < len(tokens)):
+                if i > pos:
+                    self.matcher.consume_tokens(list(tokens[pos:i]))
+                    pos = i
+                if self.matcher.is_stopped():
+                    break
+                if np.count_nonzero(self.allowed()) == 1:
+                    certain.append(i)
+        finally:
+            if pos:
+                self.matcher.rollback(pos)
+        self._check()
+        return tuple(certain)
 
     def advance(self, tokens: list[int]) -> None:
         """The request emitted tokens (each one the masked p allowed; once the grammar is

@@ -29,9 +29,9 @@ class CountingToy(ToyBackend):
         super().__init__(*args, **kwargs)
         self.batches: list[int] = []
 
-    def score_batch(self, items, last_rows=None):
+    def score_batch(self, items, last_rows=None, skip_rows=None):
         self.batches.append(len(items))
-        return super().score_batch(items, last_rows)
+        return super().score_batch(items, last_rows, skip_rows)
 
 
 def toy_llm(target: ToyBackend | None = None) -> LLM:
@@ -119,9 +119,9 @@ def test_sampling_stays_lossless_with_several_requests_per_step():
 class SlowToy(CountingToy):
     """Forwards take 3 ms: a request lasts long enough to be cancelled halfway."""
 
-    def score_batch(self, items, last_rows=None):
+    def score_batch(self, items, last_rows=None, skip_rows=None):
         time.sleep(0.003)
-        return super().score_batch(items, last_rows)
+        return super().score_batch(items, last_rows, skip_rows)
 
 
 def test_cancelling_one_request_mid_batch_frees_it_and_spares_the_others():

@@ -47,23 +47,18 @@ def test_toy_greedy_speculative_equals_plain_exactly(k, proposer):
 
 
 def _record_scores(monkeypatch, backend):
-    """Wrap backend.score (and score_last: the first round, carried by the prompt's
-    last chunk) to record (block, logits) of every verification, the block from its
-    pending token on."""
+    """Wrap backend.score_batch to record (block, logits) of every verification, the
+    block from its pending token on (a request alone: one item a forward; the first
+    round is carried by the prompt's forward)."""
     calls = []
-    score, score_last = backend.score, backend.score_last
+    score_batch = backend.score_batch
 
-    def recording(seq, tokens):
-        logits = score(seq, tokens)
-        calls.append((list(tokens), logits.copy()))
-        return logits
-
-    def recording_last(seq, tokens, n):
-        logits = score_last(seq, tokens, n)
-        calls.append((list(tokens[len(tokens) - n:]), logits.copy()))
-        return logits
-    monkeypatch.setattr(backend, "score", recording)
-    monkeypatch.setattr(backend, "score_last", recording_last)
+    def recording(items, last_rows=None, skip_rows=None):
+        out = score_batch(items, last_rows, skip_rows)
+        for (_, tokens), logits in zip(items, out):
+            calls.append((list(tokens[len(tokens) - len(logits):]), logits.copy()))
+        return out
+    monkeypatch.setattr(backend, "score_batch", recording)
     return calls
 
 

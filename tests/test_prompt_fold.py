@@ -25,9 +25,9 @@ class ForwardCounter(ToyBackend):
 
     forwards = 0
 
-    def score_batch(self, items, last_rows=None):
+    def score_batch(self, items, last_rows=None, skip_rows=None):
         self.forwards += 1
-        return super().score_batch(items, last_rows)
+        return super().score_batch(items, last_rows, skip_rows)
 
 
 def unfolded(monkeypatch) -> None:
@@ -122,6 +122,23 @@ def test_llamacpp_scores_only_the_rows_asked_for_and_the_same_values(smollm):
     t.free(c)
     assert last.shape == (3, t.vocab_size) and rest.shape == (2, t.vocab_size)
     assert np.array_equal(last, every[-3:])  # SmolLM2's forwards are batch-invariant here
+
+
+def test_llamacpp_leaves_out_the_rows_a_grammar_makes_certain_and_returns_zeros_there(smollm):
+    t = smollm.target
+    ids = smollm.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")
+    a = t.new_sequence()
+    every = t.score(a, ids)
+    t.free(a)
+    for batched in (False, True):
+        b, c = t.new_sequence(), t.new_sequence()
+        t.prefill(c, ids[:5])
+        items = [(b, ids), (c, ids[5:7])] if batched else [(b, ids)]
+        got = t.score_batch(items, [4, None][:len(items)], [(0, 2), ()][:len(items)])[0]
+        t.free(b)
+        t.free(c)
+        assert not got[[0, 2]].any()
+        assert np.array_equal(got[[1, 3]], every[[-3, -1]])
 
 
 @pytest.mark.parametrize("method", ["ar", "sd-ngram"])

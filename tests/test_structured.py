@@ -57,6 +57,31 @@ def grammars() -> list[Grammar]:
 
 
 # ---- the mask ------------------------------------------------------------------------
+def test_rows_where_the_grammar_allows_one_token_are_not_scored_and_change_nothing(llm, monkeypatch):
+    """A row whose mask holds one token gives a one-hot p whatever its logits: the
+    backend need not compute them (Round.certain; the base backend returns such rows as
+    zeros, as llama.cpp does). Outputs, greedy and seeded, are those of every row scored
+    (the law of unseeded sampling: the harness's grammar case, through the same zeros)."""
+    seen = []
+    certain_rows = GrammarMask.certain_rows
+
+    def spy(self, tokens, candidates):
+        rows = certain_rows(self, tokens, candidates)
+        seen.extend(rows)
+        for i in rows:  # each one is a one-token mask
+            self.matcher.consume_tokens(list(tokens[:i])) if i else None
+            assert np.count_nonzero(self.allowed()) == 1
+            self.matcher.rollback(i) if i else None
+        return rows
+    runs = [(SpecConfig(method="sd-suffix", k=8), SamplingParams(max_new_tokens=64, grammar=g, **t))
+            for g in grammars() for t in (dict(), dict(temperature=0.9, seed=4))]
+    monkeypatch.setattr(GrammarMask, "certain_rows", spy)
+    skipped = [llm.generate(prompt(llm), params, spec).token_ids for spec, params in runs]
+    assert seen
+    monkeypatch.setattr(GrammarMask, "certain_rows", lambda self, tokens, candidates: ())
+    assert [llm.generate(prompt(llm), params, spec).token_ids for spec, params in runs] == skipped
+
+
 def test_row_i_is_masked_with_the_grammar_state_after_the_drafts_before_it(llm):
     g = Grammar.json_schema(SCHEMA)
     rows = np.random.default_rng(0).standard_normal((5, len(ALPHABET)))

@@ -11,9 +11,9 @@ Contracts:
   It is ONE forward pass over the block.
 - `prefill(seq, tokens)` is `score` returning only the last row; `score_last(seq,
   tokens, n)` only the last n rows (a backend need not compute the others' logits).
-- `score_batch([(seq, tokens), ...], last_rows)` is `score` (or `score_last`) for
-  each, possibly in one forward over all sequences (same results up to batch
-  numerics).
+- `score_batch([(seq, tokens), ...], last_rows, skip_rows)` is `score` (or
+  `score_last`) for each, possibly in one forward over all sequences (same results
+  up to batch numerics); rows in `skip_rows` come back as zeros (not computed).
 - `rollback(seq, n)` keeps the first n tokens; O(1) bookkeeping, no recompute.
 - `fork(seq)` returns a new sequence sharing seq's tokens (KV copied/shared).
 - `save_sequence(seq)` copies seq's KV out of the backend; `load_sequence(seq,
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -120,15 +121,22 @@ class Backend(ABC):
         """`score` returning only the last n rows ((n, vocab))."""
         return self.prefill(seq, tokens)[None, :] if n == 1 else self.score(seq, tokens)[-n:]
 
-    def score_batch(self, items: list[tuple[int, list[int]]],
-                    last_rows: list[int | None] | None = None) -> list[np.ndarray]:
+    def score_batch(self, items: list[tuple[int, list[int]]], last_rows: list[int | None] | None = None,
+                    skip_rows: list[Sequence[int]] | None = None) -> list[np.ndarray]:
         """`score` for several sequences; a backend may run them as ONE forward.
         last_rows[i] = n: item i gets its last n rows only (an (n, vocab) array; a
         prefill chunk wants 1, a round folded behind the prompt's last chunk its
-        block's); None: every row."""
+        block's); None: every row. skip_rows[i]: indices among those rows whose logits
+        the caller does not read (a grammar allows one token there, so its mask makes
+        any row one-hot): zeros, which a backend need not compute (here: computed, then
+        zeroed, so that every backend gives the caller the same)."""
         wants = last_rows or [None] * len(items)
-        return [self.score(seq, tokens) if n is None or n >= len(tokens) else self.score_last(seq, tokens, n)
-                for (seq, tokens), n in zip(items, wants)]
+        out = [self.score(seq, tokens) if n is None or n >= len(tokens) else self.score_last(seq, tokens, n)
+               for (seq, tokens), n in zip(items, wants)]
+        for rows, skip in zip(out, skip_rows or []):
+            if skip:
+                rows[list(skip)] = 0.0
+        return out
 
     def batch_order(self, seqs: list[int]) -> list[int]:
         """The order `score_batch` puts these sequences in its forward (default: as given)."""

@@ -11,6 +11,7 @@ import ctypes
 import itertools
 import os
 import threading
+from collections.abc import Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,6 +40,23 @@ def _decode(ctx, batch) -> int:
     if _compute_ident and threading.get_ident() == _compute_ident[0]:
         return L.llama_decode(ctx, batch)
     return _compute.submit(L.llama_decode, ctx, batch).result()
+
+
+def _output_rows(n: int, n_out: int, skip: Set[int]) -> list[int]:
+    """llama_batch logits flags for a block of n rows: its last n_out rows but `skip`
+    (indices among those)."""
+    first = n - n_out
+    return [int(i >= first and i - first not in skip) for i in range(n)]
+
+
+def _unpack(computed: np.ndarray, n_out: int, skip: Set[int]) -> np.ndarray:
+    """The (n_out, vocab) rows a caller asked for, from the ones llama.cpp computed (all
+    but `skip`, in order); zeros at `skip`."""
+    if not skip:
+        return computed.copy()
+    out = np.zeros((n_out, computed.shape[1]), dtype=np.float32)
+    out[[j for j in range(n_out) if j not in skip]] = computed
+    return out
 
 
 class LlamaCppBackend(Backend):
@@ -204,8 +222,9 @@ class LlamaCppBackend(Backend):
     def hidden_size(self) -> int:
         return int(L.llama_model_n_embd(self._model))
 
-    def _decode(self, seq: int, tokens: list[int], n_out: int) -> np.ndarray:
-        """One forward of tokens appended to seq: the logits of its last n_out rows."""
+    def _decode(self, seq: int, tokens: list[int], n_out: int, skip: Set[int] = frozenset()) -> np.ndarray:
+        """One forward of tokens appended to seq: the logits of its last n_out rows, zeros
+        at `skip` (indices among them) where the output head was not run."""
         held = self._held[seq]
         n = len(tokens)
         if n == 0:
@@ -214,12 +233,12 @@ class LlamaCppBackend(Backend):
             raise InvalidRequestError(f"sequence would hold {len(held) + n} tokens; the context holds {self.n_ctx}")
         b = self._batch
         start = len(held)
-        for i, tok in enumerate(tokens):
+        for i, (tok, out) in enumerate(zip(tokens, _output_rows(n, n_out, skip))):
             b.token[i] = tok
             b.pos[i] = start + i
             b.n_seq_id[i] = 1
             b.seq_id[i][0] = self._stream[seq]
-            b.logits[i] = 1 if i >= n - n_out else 0
+            b.logits[i] = out
         b.n_tokens = n
         rc = _decode(self._ctx, b)
         if rc != 0:
@@ -233,32 +252,35 @@ class LlamaCppBackend(Backend):
             logits = np.ctypeslib.as_array(L.llama_get_logits(self._ctx), shape=(n, self.vocab_size))
             return logits[n - n_out:].copy()
         ptr = L.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.vocab_size)).copy()
+        return _unpack(np.ctypeslib.as_array(ptr, shape=(n_out - len(skip), self.vocab_size)), n_out, skip)
 
-    def score_batch(self, items: list[tuple[int, list[int]]],
-                    last_rows: list[int | None] | None = None) -> list[np.ndarray]:
+    def score_batch(self, items: list[tuple[int, list[int]]], last_rows: list[int | None] | None = None,
+                    skip_rows: list[Sequence[int]] | None = None) -> list[np.ndarray]:
         """All items in ONE llama_decode (each sequence at its own positions), the
         output head run only over the rows asked for (`Backend.score_batch`)."""
         wants = [len(t) if n is None else min(n, len(t)) for (_, t), n in zip(items, last_rows or [None] * len(items))]
+        skips = [frozenset(j for j in skip if 0 <= j < n) for skip, n in zip(skip_rows or [()] * len(items), wants)]
         total = sum(len(t) for _, t in items)
-        if total == 0 or total > self.n_ctx or len(items) == 1 or self._hidden_rows is not None:
+        if total == 0 or total > self.n_ctx or self._hidden_rows is not None:
             # (hidden states on: llama.cpp would run the output head over every prefill row)
-            return super().score_batch(items, last_rows)
+            return super().score_batch(items, last_rows, skip_rows)
+        if len(items) == 1:
+            return [self._decode(items[0][0], items[0][1], wants[0], skips[0])]
         order = sorted(range(len(items)), key=lambda k: self._stream[items[k][0]])  # batch_order
         b, i, rows = self._batch, 0, []
-        for seq, tokens, n_out in ((*items[k], wants[k]) for k in order):
+        for seq, tokens, n_out, skip in ((*items[k], wants[k], skips[k]) for k in order):
             held = self._held[seq]
             if len(held) + len(tokens) > self.n_ctx:
                 raise InvalidRequestError(f"sequence would hold {len(held) + len(tokens)} tokens; "
                                           f"the context holds {self.n_ctx}")
-            for j, tok in enumerate(tokens):
+            for j, (tok, out) in enumerate(zip(tokens, _output_rows(len(tokens), n_out, skip))):
                 b.token[i] = tok
                 b.pos[i] = len(held) + j
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = self._stream[seq]
-                b.logits[i] = 1 if j >= len(tokens) - n_out else 0
+                b.logits[i] = out
                 i += 1
-            rows.append(n_out)
+            rows.append(n_out - len(skip))
         b.n_tokens = total
         rc = _decode(self._ctx, b)
         if rc != 0:
@@ -270,7 +292,7 @@ class LlamaCppBackend(Backend):
         for k, n in zip(order, rows):
             seq, tokens = items[k]
             self._held[seq].extend(int(t) for t in tokens)
-            out[k] = logits[i:i + n].copy()
+            out[k] = _unpack(logits[i:i + n], wants[k], skips[k])
             i += n
         return out
 

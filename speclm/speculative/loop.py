@@ -53,12 +53,14 @@ def score(target: Backend, blocks: Sequence[tuple[Generation, list[int], Round |
     round's [lead.., pending, d1..dK], or (request, prompt chunk, None) for a prefill
     chunk. Per round, the processed target distributions p_1..p_{K+1}
     (`Generation.distributions`: row i processed with its own prefix; that processed p
-    IS the target distribution; a lead's rows are not computed); per chunk, its rows'
+    IS the target distribution; a lead's rows and the rows the grammar leaves one token
+    (`Round.certain`) are not computed); per chunk, its rows'
     raw logits when the request scores its prompt, else None (its last row is computed,
     unread)."""
     wants = [len(tokens) - len(rnd.lead) if rnd is not None else
              None if gen.params.prompt_logprobs is not None else 1 for gen, tokens, rnd in blocks]
-    logits = target.score_batch([(gen.seq, tokens) for gen, tokens, _ in blocks], wants)
+    skips = [rnd.certain if rnd is not None else () for _, _, rnd in blocks]  # one-hot whatever the logits
+    logits = target.score_batch([(gen.seq, tokens) for gen, tokens, _ in blocks], wants, skips)
     return [gen.distributions(rows, rnd.draft.tokens) if rnd is not None else (rows if want is None else None)
             for rows, want, (gen, tokens, rnd) in zip(logits, wants, blocks)]
 
@@ -148,6 +150,7 @@ class Round:
     expected: tuple[float, ...] = ()
     room: int = 0
     lead: tuple[int, ...] = ()  # the prompt's last chunk, prefilled by this round's forward (first round only)
+    certain: tuple[int, ...] = ()  # rows (after the lead) where the grammar allows one token: logits not needed
 
 
 class Generation:
@@ -295,8 +298,10 @@ class Generation:
             forced_at = [i for i in forced_at if i < kept]
         elif self._recuttable(d) and not lead:  # nothing drafted: the step may still pad the block
             full = Draft([], [], [])
+        # rows whose masked p is one-hot need no logits (but logprobs read the raw rows)
+        certain = self.grammar.certain_rows(d.tokens, forced_at) if forced_at and self.logprobs is None else ()
         rnd = Round(d, [*lead, self.context[-1], *d.tokens], note, info, clock_ms() - t0, tuple(forced_at),
-                    lead=tuple(lead))
+                    lead=tuple(lead), certain=certain)
         if full is not None:
             rnd.full, rnd.expected, rnd.room = full, tuple(self.controller.prefix_expected or (1.0,)), k_max
         return rnd
