@@ -109,36 +109,34 @@ def test_a_long_prompt_arriving_beside_a_decoding_request_folds_only_its_last_ch
     assert [short.result().token_ids, long.result().token_ids] == [r.token_ids for r in solo]
 
 
-def test_llamacpp_scores_only_the_rows_asked_for_and_the_same_values(smollm):
-    t = smollm.target
-    ids = smollm.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")
+def _llamacpp_batch(llm, batched: bool, last_rows: list, skip_rows: list | None = None):
+    """(every row of a block scored alone, what score_batch gives for the same block
+    with last_rows / skip_rows, beside a second sequence's 2-token block when batched)."""
+    t = llm.target
+    ids = llm.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")
     a = t.new_sequence()
     every = t.score(a, ids)
     t.free(a)
     b, c = t.new_sequence(), t.new_sequence()
     t.prefill(c, ids[:5])
-    last, rest = t.score_batch([(b, ids), (c, ids[5:7])], [3, None])
+    items = [(b, ids), (c, ids[5:7])][:1 + batched]
+    got = t.score_batch(items, last_rows[:len(items)], None if skip_rows is None else skip_rows[:len(items)])
     t.free(b)
     t.free(c)
-    assert last.shape == (3, t.vocab_size) and rest.shape == (2, t.vocab_size)
+    return every, got
+
+
+def test_llamacpp_scores_only_the_rows_asked_for_and_the_same_values(smollm):
+    every, (last, rest) = _llamacpp_batch(smollm, True, [3, None])
+    assert last.shape == (3, smollm.target.vocab_size) and rest.shape == (2, smollm.target.vocab_size)
     assert np.array_equal(last, every[-3:])  # SmolLM2's forwards are batch-invariant here
 
 
-def test_llamacpp_leaves_out_the_rows_a_grammar_makes_certain_and_returns_zeros_there(smollm):
-    t = smollm.target
-    ids = smollm.encode("def fibonacci(n):\n    if n < 2:\n        return n\n")
-    a = t.new_sequence()
-    every = t.score(a, ids)
-    t.free(a)
-    for batched in (False, True):
-        b, c = t.new_sequence(), t.new_sequence()
-        t.prefill(c, ids[:5])
-        items = [(b, ids), (c, ids[5:7])] if batched else [(b, ids)]
-        got = t.score_batch(items, [4, None][:len(items)], [(0, 2), ()][:len(items)])[0]
-        t.free(b)
-        t.free(c)
-        assert not got[[0, 2]].any()
-        assert np.array_equal(got[[1, 3]], every[[-3, -1]])
+@pytest.mark.parametrize("batched", [False, True])
+def test_llamacpp_leaves_out_the_rows_a_grammar_makes_certain_and_returns_zeros_there(smollm, batched):
+    every, got = _llamacpp_batch(smollm, batched, [4, None], [(0, 2), ()])
+    assert not got[0][[0, 2]].any()
+    assert np.array_equal(got[0][[1, 3]], every[[-3, -1]])
 
 
 @pytest.mark.parametrize("method", ["ar", "sd-ngram"])
