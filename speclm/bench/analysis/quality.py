@@ -16,7 +16,7 @@ import importlib.resources
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +102,7 @@ class Quality:
     same_tokenizer: bool
     agreement: float | None
     note: str | None = None
+    ran: bool = True  # False: only tokenized (measure_quality's run=False)
 
 
 def measure_quality(backend, text_set: Sequence[tuple[str, str]], ref: Quality | None = None,
@@ -110,21 +111,28 @@ def measure_quality(backend, text_set: Sequence[tuple[str, str]], ref: Quality |
     greedy agreement with ``ref`` (1.0 when ``ref`` is None: this is the reference).
     ``run=False`` only tokenizes (perplexity and agreement None)."""
     toks = [backend.tokenize(t)[:N_CTX] for _, t in text_set]
-    same = ref is None or (backend.vocab_size == ref.vocab_size and toks == ref.tokens)
     t0 = clock_ms()
     nll, count, argmaxes = quality_pass(backend, toks if run else [])
     q = Quality(toks, argmaxes, backend.vocab_size, float(np.exp(nll / count)) if count else None, count,
-                round((clock_ms() - t0) / 1000, 2), same, None)
-    if not run:
-        q.note = "quality pass skipped"
-    elif ref is None:
-        q.agreement = 1.0
-    elif same:
-        total = sum(len(x) for x in argmaxes)
-        q.agreement = sum(int((x == y).sum()) for x, y in zip(argmaxes, ref.argmaxes)) / total if total else None
-    else:
-        q.note = "different tokenizer: not comparable position by position"
-    return q
+                round((clock_ms() - t0) / 1000, 2), True, None, None if run else "quality pass skipped", run)
+    return compared(q, ref)
+
+
+def compared(q: Quality, ref: Quality | None) -> Quality:
+    """``q`` with its greedy agreement with ``ref``'s pass over the same text set: 1.0 when
+    ``ref`` is None (``q`` is the reference), None with a note where their tokens differ,
+    None where ``q``'s pass did not run."""
+    same = ref is None or (q.vocab_size == ref.vocab_size and q.tokens == ref.tokens)
+    if not q.ran:
+        return replace(q, same_tokenizer=same)
+    if not same:
+        return replace(q, same_tokenizer=False, agreement=None,
+                       note="different tokenizer: not comparable position by position")
+    if ref is None:
+        return replace(q, same_tokenizer=True, agreement=1.0)
+    total = sum(len(x) for x in q.argmaxes)
+    agree = sum(int((x == y).sum()) for x, y in zip(q.argmaxes, ref.argmaxes)) / total if total else None
+    return replace(q, same_tokenizer=True, agreement=agree)
 
 
 def timing_block(token_lists: Sequence[Sequence[int]], max_k: int) -> tuple[list[int], list[int]]:

@@ -81,45 +81,64 @@ def text_set(plan: BenchPlan, names: ModelNames) -> list[tuple[str, str]]:
     return quality.load_texts(QUALITY_TEXTS if plan.variant_quality else 0)
 
 
+@dataclass
+class Loaded:
+    """A model loaded by name: its backend, describe_model dict and quality pass over the
+    text set (tokens only, without --variant-quality)."""
+
+    backend: Backend
+    described: dict
+    quality: quality.Quality
+
+
+def load(name: str, names: ModelNames, plan: BenchPlan, texts: list[tuple[str, str]],
+         work: str | None = None) -> Loaded:
+    """`name` loaded for the run (`work`: what its kernels are chosen for, load_backend),
+    described and passed over `texts`; closed again if that fails."""
+    be = load_backend(name, names.n_ctx, names.threads, plan.max_sequences, names.kernels, work)
+    try:
+        return Loaded(be, describe_model(name, be) or {},
+                      quality.measure_quality(be, texts, run=plan.variant_quality))
+    except BaseException:
+        be.close()
+        raise
+
+
 def _turns_by_name(plan: BenchPlan, names: ModelNames, models: Models) -> Iterator[Turn]:
     texts, kv = models.texts, plan.cfg.prefix_cache_tokens
-    drafts: dict[str, tuple[Backend, quality.Quality]] = {}
+    drafts: dict[str, Loaded] = {}
     try:
         for name in names.drafts:
-            be = load_backend(name, names.n_ctx, names.threads, plan.max_sequences, names.kernels, "decoding")
-            drafts[name] = be, quality.measure_quality(be, texts, run=False)
-            models.described_drafts.append(describe_model(name, be) or {})
-            models.drafts[name] = {**model_entry(models.described_drafts[-1], drafts[name][1]),
-                                   **time_v(be, drafts[name][1].tokens)}
-        ref: quality.Quality | None = None
+            d = drafts[name] = load(name, names, plan, texts, "decoding")
+            models.described_drafts.append(d.described)
+            models.drafts[name] = {**model_entry(d.described, d.quality), **time_v(d.backend, d.quality.tokens)}
+        ref: quality.Quality | None = None  # the first target's pass: every agreement is with it
         for name in names.targets:
-            tb = load_backend(name, names.n_ctx, names.threads, plan.max_sequences, names.kernels)
+            t = load(name, names, plan, texts)
             try:
-                models.threads = models.threads or names.threads or tb.n_threads
-                q = quality.measure_quality(tb, texts, ref, run=plan.variant_quality)
-                if ref is None and plan.variant_quality:  # drafts: perplexity and agreement with the first target
-                    for d, (be, _) in drafts.items():
-                        dq = quality.measure_quality(be, texts, q)
-                        models.drafts[d].update(perplexity=dq.perplexity, ppl_tokens=dq.ppl_tokens,
-                                                agreement=dq.agreement, agreement_note=dq.note)
-                ref = ref or q
-                described = describe_model(name, tb) or {}
-                models.described_targets.append(described)
-                llm = LLM(target=tb, prefix_cache_tokens=kv, kernels=names.kernels)  # wraps the loaded backends
-                d_llms = {d: (LLM(target=tb, draft=be, speculator=names.speculator, prefix_cache_tokens=kv,
-                                  kernels=names.kernels), {"draft_name": d, "draft_sha256": models.drafts[d]["sha256"]})
-                          for d, (be, _) in drafts.items()}
+                models.threads = models.threads or names.threads or t.backend.n_threads
+                q = quality.compared(t.quality, ref)
+                if ref is None:
+                    ref = q
+                    for d_name, d in drafts.items():
+                        models.drafts[d_name].update(model_entry(d.described, quality.compared(d.quality, ref)))
+                models.described_targets.append(t.described)
+                llm = LLM(target=t.backend, prefix_cache_tokens=kv, kernels=names.kernels)  # wraps the loaded backends
+                d_llms = {n: (LLM(target=t.backend, draft=d.backend, speculator=names.speculator,
+                                  prefix_cache_tokens=kv, kernels=names.kernels),
+                              {"draft_name": n, "draft_sha256": models.drafts[n]["sha256"]})
+                          for n, d in drafts.items()}
                 try:
-                    yield Turn(described, llm, d_llms, {"target_name": name, "target_sha256": described.get("sha256")},
-                               q)
+                    yield Turn(t.described, llm, d_llms,
+                               {"target_name": name, "target_sha256": t.described.get("sha256")}, q)
                 finally:
                     for d_llm, _ in d_llms.values():
                         d_llm.close_speculator()  # ssd: its process holds a draft copy; the next target starts anew
             finally:
-                tb.close()
+                t.backend.close()
     finally:
-        for be, _ in drafts.values():
-            be.close()
+        for d in drafts.values():
+            d.backend.close()
 
 
 def _turn_given(plan: BenchPlan, llm: LLM, models: Models) -> Iterator[Turn]:
