@@ -99,10 +99,13 @@ def warmup(arms: list[Arm], ids: list[int]) -> None:
 def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: TraceSink | None = None,
               on_request: Callable[[dict], None] | None = None,
               on_concurrency: Callable[[dict], None] | None = None, *, arms: list[Arm] | None = None,
-              meta: dict | None = None, first_id: int = 0) -> BenchRun:
+              meta: dict | None = None, first_id: int = 0,
+              encoded: dict[Prompt, list[int]] | None = None) -> BenchRun:
     """Run the sweep. `on_request` sees each record once it is final (progress bars). `arms`
     (default make_arms(cfg, llm)) all share `llm`'s target; `meta` is merged into every
     record and request ids count on from `first_id` (a variant sweep calls this per target).
+    `encoded`: each prompt's token ids where the caller has them (encode_prompts), else
+    encoded here.
     Starved requests are re-run after the sweep (trust/reruns.py); what the trust checks
     saw is appended to cfg.observed."""
     if not prompts:
@@ -113,8 +116,8 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     started = time.time()
     arms = arms if arms is not None else make_arms(cfg, llm)
     prompts = run_order(prompts)
-    encoded = encode_prompts(llm, prompts, max(cfg.max_new_tokens))
-    warmup(arms, encoded[0])
+    ids_of = encoded or dict(zip(prompts, encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
+    warmup(arms, ids_of[prompts[0]])
     policy = cfg.trust
     # after the warm-up, right before the timed requests; a sweep's later targets wait too,
     # since the load the previous target's own threads left behind would read as "busy"
@@ -153,7 +156,8 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     pass_of = {(p.repeat, p.temperature, p.max_new_tokens): p for p in passes}
     n = first_id
     for rep in range(cfg.repeats):
-        for pi, (prompt, ids) in enumerate(zip(prompts, encoded)):
+        for pi, prompt in enumerate(prompts):
+            ids = ids_of[prompt]
             for temp in cfg.temperatures:
                 for max_new in cfg.max_new_tokens:
                     seed = cfg.seed + 100_003 * rep + pi
@@ -172,7 +176,7 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                         unit.slots.append(RerunSlot(ai, base, again[ai], [(rec, result)], head))
                     queue.add(unit)
     queue.finish()
-    conc = run_concurrency(rows, dict(zip(prompts, encoded)), cfg, arms, on_concurrency, meta, sink)
+    conc = run_concurrency(rows, ids_of, cfg, arms, on_concurrency, meta, sink)
     warnings += phases.warnings(passes + rows) + starved_warnings(records, conc)
     load_after = os.getloadavg()
     own = max((t for t in threads if t), default=0)  # the load this bench's own llama.cpp threads make

@@ -97,11 +97,12 @@ def run_turn(turn: Turn, plan: BenchPlan, models: Models, sink: TraceSink, bars:
              first_id: int) -> tuple[BenchRun, ceiling.CeilingInput | None]:
     """One target's requests (ids counting on from first_id), then, while it is warm, its
     v(b) (into `models`) and its copy-ceiling input (None when none is planned)."""
+    encoded = encode_prompts(turn.llm, plan.prompts, max(plan.cfg.max_new_tokens))
     run = run_bench(turn.llm, plan.prompts, plan.cfg, sink, bars.on_request, bars.on_concurrency,
-                    arms=make_arms(plan.cfg, turn.llm, turn.drafts), meta=turn.meta, first_id=first_id)
+                    arms=make_arms(plan.cfg, turn.llm, turn.drafts), meta=turn.meta, first_id=first_id,
+                    encoded=dict(zip(plan.prompts, encoded)))
     if plan.target_count > 1:
         run.warnings = [f"{turn.meta['target_name']}: {w}" for w in run.warnings]
-    encoded = encode_prompts(turn.llm, plan.prompts, max(plan.cfg.max_new_tokens))
     finish_turn(turn, models, encoded)
     found = ceiling_input(turn.llm, plan, run.requests, encoded) if plan.ceiling_methods else None
     return run, found
