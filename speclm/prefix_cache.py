@@ -35,7 +35,10 @@ PREFIX_CACHE_TOKENS = 16_384  # the server's and the bench's default bound (~460
 PREFIX_CACHE_HELP = ("keep finished requests' KV (prompt and output, host memory) up to N tokens in all, so a "
                      "prompt that starts like an earlier one of the same scope (an API key; a bench arm) prefills "
                      "only the rest (~28 KB a token on the default target; 0: off)")
-MIN_REUSE = 8  # tokens: below this a restore is not worth a lookup hit
+# tokens: a restore copies the entry's whole KV back (llama.cpp: 0.1-0.2 ms for a 56-token
+# copy of the 1.5B, ~1.6 MB) where each prompt row it spares costs 10-30 ms of a forward on a
+# CPU, so two tokens already pay (one would also take large entries' copies for one row)
+MIN_REUSE = 2
 MAX_TOKENS = 10_000_000  # an absurd bound is refused rather than grown into
 
 

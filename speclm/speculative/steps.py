@@ -39,12 +39,13 @@ import numpy as np
 from ..backends.base import Backend
 from ..costs import CostModel, clock_ms
 from ..metrics import GenerationResult
-from ..prefix_cache import MIN_REUSE, common_prefix
+from ..prefix_cache import common_prefix
 from ..sampling import SamplingParams
 from .loop import Generation, Round, score
 from .proposers.base import Proposer
 
 PREFILL_CHUNK = 256  # prompt tokens per step while other requests decode
+WAIT_FOR_START = 8  # a new request waits a step for a shared start this long or longer (_begin_new)
 
 
 @dataclass
@@ -188,7 +189,7 @@ def _shared_start_is_coming(gen: Generation, donors: list[Generation]) -> bool:
         return False
     want = np.asarray(gen.reusable_prompt, dtype=np.int32)
     coming = max(common_prefix(np.asarray(d.context[:d.prompt_end], dtype=np.int32), want) for d in prefilling)
-    if coming < MIN_REUSE:
+    if coming < WAIT_FOR_START:
         return False
     return coming > gen.prefix_cache.reusable(gen.cache_scope, gen.reusable_prompt, gen.target,
                                               [d.seq for d in donors])
