@@ -222,6 +222,22 @@ class LlamaCppBackend(Backend):
     def hidden_size(self) -> int:
         return int(L.llama_model_n_embd(self._model))
 
+    def _fill(self, at: int, seq: int, tokens: list[int], n_out: int, skip: Set[int]) -> int:
+        """Put seq's tokens in the batch from row `at` on, at the positions after what seq
+        holds, with output flags for their last n_out rows but `skip`; returns the next
+        free row. InvalidRequestError where seq would overflow its context."""
+        b, start, stream = self._batch, len(self._held[seq]), self._stream[seq]
+        if start + len(tokens) > self.n_ctx:
+            raise InvalidRequestError(f"sequence would hold {start + len(tokens)} tokens; "
+                                      f"the context holds {self.n_ctx}")
+        for j, (tok, out) in enumerate(zip(tokens, _output_rows(len(tokens), n_out, skip))):
+            b.token[at + j] = tok
+            b.pos[at + j] = start + j
+            b.n_seq_id[at + j] = 1
+            b.seq_id[at + j][0] = stream
+            b.logits[at + j] = out
+        return at + len(tokens)
+
     def _decode(self, seq: int, tokens: list[int], n_out: int, skip: Set[int] = frozenset()) -> np.ndarray:
         """One forward of tokens appended to seq: the logits of its last n_out rows, zeros
         at `skip` (indices among them) where the output head was not run."""
@@ -229,18 +245,9 @@ class LlamaCppBackend(Backend):
         n = len(tokens)
         if n == 0:
             raise BackendError("score called with no tokens")
-        if len(held) + n > self.n_ctx:
-            raise InvalidRequestError(f"sequence would hold {len(held) + n} tokens; the context holds {self.n_ctx}")
-        b = self._batch
         start = len(held)
-        for i, (tok, out) in enumerate(zip(tokens, _output_rows(n, n_out, skip))):
-            b.token[i] = tok
-            b.pos[i] = start + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = self._stream[seq]
-            b.logits[i] = out
-        b.n_tokens = n
-        rc = _decode(self._ctx, b)
+        self._batch.n_tokens = self._fill(0, seq, tokens, n_out, skip)
+        rc = _decode(self._ctx, self._batch)
         if rc != 0:
             L.llama_memory_seq_rm(self._mem, self._stream[seq], start, -1)
             raise BackendError(f"llama_decode failed with code {rc} on {n} tokens at position {start}: "
@@ -267,22 +274,12 @@ class LlamaCppBackend(Backend):
         if len(items) == 1:
             return [self._decode(items[0][0], items[0][1], wants[0], skips[0])]
         order = sorted(range(len(items)), key=lambda k: self._stream[items[k][0]])  # batch_order
-        b, i, rows = self._batch, 0, []
+        i, rows = 0, []
         for seq, tokens, n_out, skip in ((*items[k], wants[k], skips[k]) for k in order):
-            held = self._held[seq]
-            if len(held) + len(tokens) > self.n_ctx:
-                raise InvalidRequestError(f"sequence would hold {len(held) + len(tokens)} tokens; "
-                                          f"the context holds {self.n_ctx}")
-            for j, (tok, out) in enumerate(zip(tokens, _output_rows(len(tokens), n_out, skip))):
-                b.token[i] = tok
-                b.pos[i] = len(held) + j
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = self._stream[seq]
-                b.logits[i] = out
-                i += 1
+            i = self._fill(i, seq, tokens, n_out, skip)
             rows.append(n_out - len(skip))
-        b.n_tokens = total
-        rc = _decode(self._ctx, b)
+        self._batch.n_tokens = total
+        rc = _decode(self._ctx, self._batch)
         if rc != 0:
             for seq, _ in items:
                 L.llama_memory_seq_rm(self._mem, self._stream[seq], len(self._held[seq]), -1)
