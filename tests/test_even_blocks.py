@@ -160,3 +160,37 @@ def test_only_rounds_whose_controller_prices_prefixes_may_be_recut():
     fixed, priced = first_round("sd-suffix"), first_round("auto")
     assert not fixed.draft.tokens and fixed.full is None
     assert not priced.draft.tokens and priced.full is not None and priced.expected == (1.0,)
+
+
+def test_uneven_blocks_priced_within_a_few_percent_of_one_length_are_evened():
+    """Requests planned one after another can settle on five blocks of 17 beside eleven of
+    one (a certain draft joins the second pass once one request has paid for it), priced
+    within 5 % of one length for all: the step takes one length, which runs in one pass
+    and keeps every request in step (a serving curve like a Zen 4's)."""
+    from types import SimpleNamespace
+
+    from speclm.costs import expected_tokens
+    from speclm.speculative.loop import Round
+    from speclm.speculative.proposers.base import Draft
+    from speclm.speculative.steps import Slot, even_blocks
+
+    curve = {1: 33.0, 2: 60.0, 4: 93.0, 8: 190.0, 16: 200.0, 32: 427.0, 64: 769.0}
+    cost = CostModel(verify_ms=curve, passes=EqualPassToy(6).pass_rows)
+
+    def recut(rnd, m):
+        return Round(Draft([5] * m, [None] * m, [0.999] * m), [1] + [5] * m, full=rnd.full,
+                     expected=rnd.expected, room=rnd.room)
+
+    slots = []
+    for seq in range(16):
+        full = Draft([5] * 16, [None] * 16, [0.999] * 16)
+        planned = 16 if seq < 5 else 0
+        rnd = Round(Draft([5] * planned, [None] * planned, [0.999] * planned), [1] + [5] * planned, full=full,
+                    expected=tuple(expected_tokens(full.confidence)), room=16)
+        slots.append(Slot(SimpleNamespace(seq=seq, recut=recut), rnd.block, rnd))
+    planned_tokens = sum(s.round.expected[len(s.round.draft)] for s in slots)
+    planned = planned_tokens / cost.step({q: len(s.tokens) for q, s in enumerate(slots)})
+    even = 16 * slots[0].round.expected[3] / cost.step({q: 4 for q in range(16)})
+    assert planned < even < 1.05 * planned  # one length is priced faster, by less than 5 %
+    even_blocks(slots, {}, cost)
+    assert len({len(s.tokens) for s in slots}) == 1
