@@ -194,3 +194,33 @@ def test_uneven_blocks_priced_within_a_few_percent_of_one_length_are_evened():
     assert planned < even < 1.05 * planned  # one length is priced faster, by less than 5 %
     even_blocks(slots, {}, cost)
     assert len({len(s.tokens) for s in slots}) == 1
+
+
+def test_blocks_planned_at_one_length_are_recut_only_for_a_five_percent_gain():
+    """Eight requests planned at K = 0 each hold a one-token draft; verifying it makes a
+    16-row step of 300 ms instead of an 8-row one of 200 ms. At an estimate of 0.55 that
+    is priced 3 % faster, and the blocks stay; at 0.62, 8 % faster, and they are re-cut.
+    (Sixteen-row steps are the curve's largest: longer blocks are not tried.)"""
+    from types import SimpleNamespace
+
+    from speclm.costs import expected_tokens
+    from speclm.speculative.loop import Round
+    from speclm.speculative.proposers.base import Draft
+    from speclm.speculative.steps import Slot, even_blocks
+
+    cost = CostModel(verify_ms={1: 30.0, 8: 200.0, 16: 300.0}, passes=EqualPassToy(6).pass_rows)
+
+    def step_blocks(confidence: float) -> list[int]:
+        def recut(rnd, m):
+            return Round(Draft([5] * m, [None] * m, [confidence] * m), [1] + [5] * m)
+
+        slots = []
+        for seq in range(8):
+            full = Draft([5, 5], [None, None], [confidence, confidence])
+            rnd = Round(Draft(), [1], full=full, expected=tuple(expected_tokens(full.confidence)), room=8)
+            slots.append(Slot(SimpleNamespace(seq=seq, recut=recut), rnd.block, rnd))
+        even_blocks(slots, {}, cost)
+        return [len(s.tokens) for s in slots]
+
+    assert step_blocks(0.55) == [1] * 8
+    assert step_blocks(0.62) == [2] * 8

@@ -116,26 +116,24 @@ def _round_slot(gen: Generation, before: Callable[[], None] | None = None, lead:
     return Slot(gen, rnd.block, rnd) if rnd is not None else Slot(gen, [], finished=True)
 
 
-UNEVEN_GAIN = 1.05  # a step keeps unequal blocks only where priced >= 5 % faster than one length
+EVEN_GAIN = 1.05  # a step re-cuts blocks of one length only for a 5 % gain, and keeps unequal ones only for 5 %
 
 
 def even_blocks(slots: list[Slot], prefill: dict[int, int], costs: CostModel) -> None:
     """Re-cut the step's re-cuttable rounds (Round.full) to the one block length L the
-    curve prices fastest, unless the blocks as planned are priced UNEVEN_GAIN faster
-    still (docs/design.md#even-blocks). llama.cpp, with one KV stream per sequence,
+    curve prices fastest where that gains EVEN_GAIN over the blocks as planned, or,
+    where the planned blocks differ in length, unless they are priced EVEN_GAIN faster
+    (docs/design.md#even-blocks). llama.cpp, with one KV stream per sequence,
     scores a step in passes of equal blocks (Backend.pass_rows), so a block longer than
     the others costs a pass of its own, and a request pricing its own block beside the
     others' one-token blocks keeps none of its draft even where every request drafting
-    would pay. Requests planned one after another also settle on uneven shapes (five
-    blocks of 17 beside eleven of one) that price within a few percent of even ones but
-    let some requests run ahead, leaving the rest to finish later in smaller, dearer
-    steps: a tie goes to one length. L maximises the step's expected tokens per ms,
-    over the lengths whose step the curve measured (rows up to its largest size: beyond
-    it a row is priced at that size's average, and a 247-row step priced at 12 ms a row
-    ran at 15.8):
-    each request's E(L − 1) from its own estimates (its draft padded where shorter:
-    padding only costs rows; at most the drafts it has room for), prompt rows of
-    `prefill` (seq: chunk rows) and the other slots' rounds counted as planned."""
+    would pay; requests planned one after another also settle on uneven shapes that
+    price close to even ones, run worse and let some requests run ahead (a tie goes to
+    one length). L maximises the step's expected tokens per ms over the lengths whose
+    rows the curve measured (beyond its largest size it only extrapolates): each
+    request's E(L − 1) from its own estimates (its draft padded where shorter: padding
+    only costs rows; at most the drafts it has room for), prompt rows of `prefill`
+    (seq: chunk rows) and the other slots' rounds counted as planned."""
     movable = [s for s in slots if s.round is not None and s.round.full is not None]
     if len(movable) < 2:
         return
@@ -158,7 +156,9 @@ def even_blocks(slots: list[Slot], prefill: dict[int, int], costs: CostModel) ->
     rates = {m: rate(m) for m in range(longest + 1)
              if m == 0 or sum(fixed.values()) + sum(drafts(s, m) + 1 for s in movable) <= measured}
     best = max(rates, key=rates.__getitem__)
-    if rate(None) > UNEVEN_GAIN * rates[best] or all(drafts(s, best) == drafts(s, None) for s in movable):
+    planned, even = rate(None), len({drafts(s, None) for s in movable}) == 1
+    if (rates[best] < EVEN_GAIN * planned if even else planned > EVEN_GAIN * rates[best]) \
+            or all(drafts(s, best) == drafts(s, None) for s in movable):
         return
     for s in movable:
         s.round = s.gen.recut(s.round, drafts(s, best))
