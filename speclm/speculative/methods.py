@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..backends.base import Backend
 from ..costs import TIMED_K, CostModel
@@ -28,7 +28,8 @@ from .proposers.ngram import NgramProposer
 from .proposers.suffix import SuffixProposer
 from .proposers.suffix_index import SuffixCache
 
-SpecConfig = Any  # speculative.config.SpecConfig, which imports this table
+if TYPE_CHECKING:  # speculative/config.py imports this table
+    from .config import SpecConfig
 
 
 class Resources(Protocol):
@@ -46,7 +47,7 @@ class Resources(Protocol):
     def proposal_of(self, spec: SpecConfig) -> str | None: ...
 
 
-Factory = Callable[[Resources, SpecConfig], Any]
+Factory = Callable[[Resources, "SpecConfig"], Any]
 
 
 @dataclass(frozen=True)
