@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..backends.base import Backend
 from ..costs import TIMED_K, CostModel
@@ -28,8 +28,7 @@ from .proposers.ngram import NgramProposer
 from .proposers.suffix import SuffixProposer
 from .proposers.suffix_index import SuffixCache
 
-if TYPE_CHECKING:  # speculative/config.py imports this table
-    from .config import SpecConfig
+SpecConfig = Any  # speculative.config.SpecConfig, which imports this table
 
 
 class Resources(Protocol):
@@ -47,7 +46,7 @@ class Resources(Protocol):
     def proposal_of(self, spec: SpecConfig) -> str | None: ...
 
 
-Factory = Callable[[Resources, "SpecConfig"], Any]
+Factory = Callable[[Resources, SpecConfig], Any]
 
 
 @dataclass(frozen=True)
