@@ -18,7 +18,7 @@ from speclm.commands import build_parser
 from speclm.commands.flags import spec_from_args
 from speclm.errors import InvalidRequestError
 from speclm.server import ServerConfig, create_app
-from speclm.speculative.methods import METHODS, Method, Proposal, register, unregister
+from speclm.speculative.methods import METHODS, Method, Proposal, RequestSpec, register, unregister
 from speclm.speculative.proposers.ngram import NgramProposer
 
 from .test_server import live
@@ -99,3 +99,15 @@ def test_flat_option_names_set_nested_settings_and_unknown_ones_are_refused():
         SpecConfig().with_options(fanot=5)
     with pytest.raises(InvalidRequestError, match="fanout"):
         SpecConfig().with_options(fanout=-1)
+
+
+def test_what_the_factories_read_of_a_request_is_spec_config_fields_of_the_same_types():
+    import dataclasses
+    import typing
+
+    read = {n: typing.get_type_hints(m.fget)["return"] for n, m in vars(RequestSpec).items()
+            if isinstance(m, property)}
+    hints = typing.get_type_hints(SpecConfig)
+    assert read and set(read) <= {f.name for f in dataclasses.fields(SpecConfig)}
+    # SpecConfig.k is declared int | None: None is resolved to the method's default on construction
+    assert all(hints[n] in (t, t | None) for n, t in read.items())

@@ -7,7 +7,8 @@ record if it drafts in a new way).
 
 A record's factories receive the `Resources` a request may draw on (the
 `LLM` implements them: the models, the SSD speculator, the shared caches and
-cost models) and the request's `SpecConfig`.
+cost models) and the request's settings, seen as a `RequestSpec` (the fields of
+speculative/config.SpecConfig they read; config.py imports this table).
 """
 
 from __future__ import annotations
@@ -23,12 +24,37 @@ from ..errors import InvalidRequestError
 from .controller import Calibration, GoodputController, HeuristicController
 from .proposers.base import Proposer
 from .proposers.draft_model import DraftModelProposer
-from .proposers.medusa import MedusaProposer
+from .proposers.medusa import MedusaOptions, MedusaProposer
 from .proposers.ngram import NgramProposer
 from .proposers.suffix import SuffixProposer
-from .proposers.suffix_index import SuffixCache
+from .proposers.suffix_index import SuffixCache, SuffixConfig
+from .ssd.options import SSDOptions
 
-SpecConfig = Any  # speculative.config.SpecConfig, which imports this table
+
+class RequestSpec(Protocol):
+    """What a method's factories read of a request's settings (speculative/config.SpecConfig
+    has these fields and more)."""
+
+    @property
+    def k(self) -> int: ...
+    @property
+    def proposal(self) -> str | None: ...
+    @property
+    def p_min(self) -> float: ...
+    @property
+    def ngram_min(self) -> int: ...
+    @property
+    def ngram_max(self) -> int: ...
+    @property
+    def target_threads(self) -> int | None: ...
+    @property
+    def ssd(self) -> SSDOptions: ...
+    @property
+    def suffix(self) -> SuffixConfig: ...
+    @property
+    def medusa(self) -> MedusaOptions: ...
+    @property
+    def cache_scope(self) -> str | None: ...
 
 
 class Resources(Protocol):
@@ -40,13 +66,13 @@ class Resources(Protocol):
     def draft(self) -> Backend: ...
     def speculator(self) -> Any: ...
     def suffix_cache(self, scope: str | None = None) -> SuffixCache | None: ...
-    def medusa_heads(self, spec: SpecConfig) -> tuple[Any, Any]: ...
+    def medusa_heads(self, spec: RequestSpec) -> tuple[Any, Any]: ...
     def cost_model(self, proposal: str | None, k: int, scope: str | None = None) -> CostModel: ...
     def calibration(self, proposal: str | None, scope: str | None = None) -> Calibration: ...
-    def proposal_of(self, spec: SpecConfig) -> str | None: ...
+    def proposal_of(self, spec: RequestSpec) -> str | None: ...
 
 
-Factory = Callable[[Resources, SpecConfig], Any]
+Factory = Callable[[Resources, RequestSpec], Any]
 
 
 @dataclass(frozen=True)
@@ -61,22 +87,22 @@ class Proposal:
     from a client's prediction of the output too (its proposer has `predict(tokens)`)."""
 
     name: str
-    make: Callable[[Resources, SpecConfig], Proposer]
+    make: Callable[[Resources, RequestSpec], Proposer]
     needs_draft: bool = False
     estimates: bool = False
-    outlives_request: Callable[[SpecConfig], bool] = lambda spec: False
+    outlives_request: Callable[[RequestSpec], bool] = lambda spec: False
     selectable: bool = True
     predicts: bool = False
     description: str = ""
 
 
-def _ssd_proposer(llm: Resources, spec: SpecConfig) -> Proposer:
+def _ssd_proposer(llm: Resources, spec: RequestSpec) -> Proposer:
     from .ssd.client import SSDProposer
     return SSDProposer(llm.speculator().open, spec.ssd, k=spec.k, p_min=spec.p_min,
                        fallback=lambda: DraftModelProposer(llm.draft, p_min=spec.p_min), name=f"ssd:{llm.draft.name}")
 
 
-def _medusa_proposer(llm: Resources, spec: SpecConfig) -> Proposer:
+def _medusa_proposer(llm: Resources, spec: RequestSpec) -> Proposer:
     heads, learner = llm.medusa_heads(spec)
     if spec.k > heads.n_heads:
         raise InvalidRequestError(f"method medusa drafts at most {heads.n_heads} tokens a round (its heads file "
@@ -101,11 +127,11 @@ PROPOSALS: dict[str, Proposal] = {p.name: p for p in (
 NO_MODEL_PROPOSAL = "ngram"  # what an adaptive method drafts with when the LLM has no draft model
 
 
-def _request_threads(llm: Resources, spec: SpecConfig) -> int | None:
+def _request_threads(llm: Resources, spec: RequestSpec) -> int | None:
     return spec.target_threads
 
 
-def _ssd_threads(llm: Resources, spec: SpecConfig) -> int | None:
+def _ssd_threads(llm: Resources, spec: RequestSpec) -> int | None:
     """A local speculator gets its own threads; the target keeps the rest (at least 1)."""
     if spec.target_threads is not None:
         return spec.target_threads
@@ -116,14 +142,14 @@ def _ssd_threads(llm: Resources, spec: SpecConfig) -> int | None:
     return max(1, base - (cfg.threads or 1))
 
 
-def _goodput(llm: Resources, spec: SpecConfig) -> GoodputController:
+def _goodput(llm: Resources, spec: RequestSpec) -> GoodputController:
     """Costs and calibration as the request's cache scope learnt them (a tenant's own)."""
     proposal, scope = llm.proposal_of(spec), spec.cache_scope
     return GoodputController(llm.cost_model(proposal, spec.k, scope), k_max=spec.k,
                              calibration=llm.calibration(proposal, scope), per_position=PROPOSALS[proposal].estimates)
 
 
-def _heuristic(llm: Resources, spec: SpecConfig) -> HeuristicController:
+def _heuristic(llm: Resources, spec: RequestSpec) -> HeuristicController:
     return HeuristicController(k_init=min(spec.k, 4), k_max=spec.k)
 
 
@@ -162,7 +188,7 @@ class Method:
         """Plain decoding: what every other method is measured against."""
         return self.proposal is None
 
-    def proposal_for(self, spec: SpecConfig, has_draft: bool) -> str | None:
+    def proposal_for(self, spec: RequestSpec, has_draft: bool) -> str | None:
         """The PROPOSALS key this request drafts with (None: plain decoding)."""
         if not self.adaptive:
             return self.proposal
@@ -170,11 +196,11 @@ class Method:
             return spec.proposal
         return self.proposal if has_draft or not PROPOSALS[self.proposal].needs_draft else NO_MODEL_PROPOSAL
 
-    def needs_draft(self, spec: SpecConfig, has_draft: bool = True) -> bool:
+    def needs_draft(self, spec: RequestSpec, has_draft: bool = True) -> bool:
         kind = self.proposal_for(spec, has_draft)
         return kind is not None and PROPOSALS[kind].needs_draft
 
-    def outlives_request(self, spec: SpecConfig, has_draft: bool = True) -> bool:
+    def outlives_request(self, spec: RequestSpec, has_draft: bool = True) -> bool:
         """Whether a request's drafting teaches later requests (Proposal.outlives_request)."""
         kind = self.proposal_for(spec, has_draft)
         return kind is not None and PROPOSALS[kind].outlives_request(spec)
@@ -211,7 +237,7 @@ def get_method(name: str) -> Method:
         raise InvalidRequestError(f"unknown method {name!r}: choose one of {', '.join(METHODS)}") from None
 
 
-def priced_proposals(spec: SpecConfig, has_draft: bool) -> set[str]:
+def priced_proposals(spec: RequestSpec, has_draft: bool) -> set[str]:
     """The proposals whose measured costs a request may read when `spec` is its default
     (requests choose the method, not what an adaptive one drafts with)."""
     kinds = {m.proposal_for(spec, has_draft) for m in METHODS.values() if m.priced}
