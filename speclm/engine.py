@@ -14,6 +14,10 @@ Submitting beyond max_concurrency queues the request (bounded by
 max_queue; beyond that `EngineFullError`). Cancelling frees the request's
 KV sequence at the scheduler's next turn.
 
+Memory freed by finished requests goes back to the operating system whenever
+the scheduler falls idle and after every TRIM_EVERY finished requests
+(`machine.return_freed_memory`), so a server's resident memory stays bounded.
+
 The scheduler holds `llm.backend_lock` for each round it runs, so work another
 thread does on the same models (the cost-model calibration of a new `auto`
 request, `llm.generate`) runs between rounds, never inside one.
@@ -31,9 +35,13 @@ from .api import LLM, SpecConfig
 from .costs import TIMED_K
 from .speculative.steps import PREFILL_CHUNK, plan_step, run_step, step_alone
 from .errors import BusyError, InvalidRequestError, SpeclmError
+from .machine import return_freed_memory
 from .metrics import GenerationResult
 from .sampling import SamplingParams
 from .speculative.loop import Generation  # noqa: F401  (the type the scheduler steps)
+
+TRIM_EVERY = 64  # finished requests between two returns of freed memory under constant load
+
 
 class EngineFullError(BusyError):
     """Too many requests queued: retry later (HTTP 429)."""
@@ -162,6 +170,7 @@ class Engine:
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
         self._stop = False
+        self._untrimmed = 0  # requests finished since freed memory was last returned
         self._thread = threading.Thread(target=self._run, name="speclm-engine", daemon=True)
         if start:
             self.start()
@@ -207,6 +216,11 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._lock:
+                idle = not self._active and not self._pending
+            if self._untrimmed >= TRIM_EVERY or (idle and self._untrimmed):
+                return_freed_memory()
+                self._untrimmed = 0
+            with self._lock:
                 while not self._stop and not self._active and not self._pending:
                     self._lock.wait()
                 if self._stop and not self._active and not self._pending:
@@ -233,6 +247,7 @@ class Engine:
         handle._finish(None if error is not None else gen.result(), error)
         with self._lock:
             self._active.remove((handle, gen))
+        self._untrimmed += 1
 
     def _step_together(self, batch: list[tuple[RequestHandle, Generation]]) -> None:
         """One forward for every active request (cancelled ones are freed first)."""

@@ -136,3 +136,36 @@ def test_asyncio_readers_follow_the_stream_without_threads():
     (a, b), result = asyncio.run(read_twice())
     assert a == b == result.text and len(result.token_ids) == 30
     engine.shutdown()
+
+
+def test_freed_memory_goes_back_when_idle_and_every_few_requests(monkeypatch):
+    import time
+
+    import speclm.engine as engine_mod
+
+    trims: list[int] = []
+    monkeypatch.setattr(engine_mod, "return_freed_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr(engine_mod, "TRIM_EVERY", 3)
+    idle = Engine(_toy_llm())
+    time.sleep(0.05)
+    idle.shutdown()
+    assert trims == []  # idle with nothing finished: nothing to give back
+    engine = Engine(_toy_llm(), max_concurrency=1, start=False)
+    handles = [engine.submit([i % 6], SamplingParams(max_new_tokens=4)) for i in range(7)]
+    engine.start()
+    for h in handles:
+        h.result(timeout=10)
+    deadline = time.monotonic() + 5
+    while engine._untrimmed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine.shutdown()
+    # one request at a time: a return after the 3rd and the 6th, and one once idle after the 7th
+    assert len(trims) == 3 and engine._untrimmed == 0
+
+
+def test_freed_memory_is_returned_where_the_c_library_is_glibc():
+    import platform
+
+    from speclm.machine import return_freed_memory
+
+    assert return_freed_memory() is (platform.libc_ver()[0] == "glibc")
