@@ -319,7 +319,7 @@ def test_the_cli_and_a_built_llm_run_the_same_pipeline_with_every_stage(tmp_path
     monkeypatch.setattr(bench_cli, "run_pipeline", spy)
     monkeypatch.setattr(bench_plan, "resolve_model", lambda name: None)
     monkeypatch.setattr(bench_models, "load_backend", toy)
-    monkeypatch.setattr(bench_models.quality, "load_texts", lambda n: [("toy text", "abcdef" * 20)])  # toy's alphabet
+    monkeypatch.setattr(bench_plan, "text_set", lambda *a: [("toy text", "abcdef" * 20)])  # toy's alphabet
     data = write(tmp_path, [{"category": "copy", "prompt": p, "chat": False} for p in ("abcabcabcabc", "abcdabcdab")])
     args = parser().parse_args(["bench", "--target", "toy", "--dataset", str(data), "--methods", "ar,sd-suffix",
                                 "--k", "3", "--max-new-tokens", "12", "--no-wait-quiet", "--out", str(tmp_path / "cli")])

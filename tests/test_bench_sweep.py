@@ -15,6 +15,7 @@ import pytest
 
 from speclm.commands import bench as bench_cli
 from speclm.bench.run import models as bench_models
+from speclm.bench.setup import texts as bench_texts
 from speclm.bench.output.results import table_rows
 from speclm.errors import InvalidRequestError, ModelError
 from speclm.models import variants
@@ -37,7 +38,7 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def cache(prepared: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECLM_CACHE_DIR", str(prepared))
-    monkeypatch.setattr(bench_models, "QUALITY_TEXTS", 1)  # ppl_text + one HumanEval problem: enough here
+    monkeypatch.setattr(bench_texts, "QUALITY_TEXTS", 1)  # ppl_text + one HumanEval problem: enough here
     return prepared
 
 
@@ -55,7 +56,7 @@ def swept(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECLM_CACHE_DIR", str(prepared))
         mp.setenv("COLUMNS", "200")
-        mp.setattr(bench_models, "QUALITY_TEXTS", 1)
+        mp.setattr(bench_texts, "QUALITY_TEXTS", 1)
         assert bench("--targets", f"{SMOL},{Q8}", "--drafts", f"{SMOL},{Q8}", "--variant-quality",
                      *FAST, "--out", str(out)) == 0
     return out

@@ -30,7 +30,7 @@ def run_pipeline(plan: BenchPlan, out_dir: Path, *, progress: bool = True) -> di
     figures = analyse(run.requests, run.concurrency, rounds, measured.ceilings,
                       targets=models.targets, drafts=list(models.drafts.values()),
                       ceiling_methods=plan.ceiling_methods, ceiling_k=plan.ceiling_k, suffix=cfg.base.suffix,
-                      quality=plan.variant_quality, text_labels=[label for label, _ in models.texts])
+                      quality=plan.variant_quality, text_labels=[label for label, _ in plan.texts])
     return write_outputs(out_dir, run, figures, cfg, plan.prompts, targets=models.described_targets,
                          drafts=models.described_drafts, contamination=contamination, threads=models.threads,
                          dataset=plan.dataset)

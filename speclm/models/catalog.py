@@ -12,7 +12,7 @@ from speclm.errors import ModelError
 from speclm.models.registry import REGISTRY
 from speclm.models.store import (ModelStatus, cache_dir, local_gguf, model_path, model_state, sha256_file,
                                  unknown_model, verify_model)
-from speclm.models.variants import SEP, list_variants, read_manifest, resolve_variant
+from speclm.models.variants import SEP, derived_name, list_variants, read_manifest, resolve_variant, split_name
 
 
 def resolve_model(name_or_path: str) -> Path:
@@ -23,11 +23,23 @@ def resolve_model(name_or_path: str) -> Path:
     """
     if name_or_path in REGISTRY:
         return verify_model(name_or_path, full=False)
-    if name_or_path.rpartition(SEP)[0] in REGISTRY and not name_or_path.endswith(".gguf"):
-        return resolve_variant(name_or_path)
-    if "/" in name_or_path or name_or_path.endswith(".gguf") or os.path.isfile(name_or_path):
+    variant = name_or_path.rpartition(SEP)[0] in REGISTRY and not name_or_path.endswith(".gguf")
+    if not variant and ("/" in name_or_path or name_or_path.endswith(".gguf") or os.path.isfile(name_or_path)):
         return local_gguf(name_or_path)
+    if variant:
+        return resolve_variant(name_or_path)
     raise unknown_model(name_or_path)
+
+
+def canonical_name(name_or_path: str) -> str:
+    """The name a model is recorded under: a variant's NAME@QUANT with its quant tag as
+    `speclm models prepare` wrote it (NAME@Q4_0 -> NAME@q4_0); any other name or path as given."""
+    if SEP not in name_or_path or name_or_path in REGISTRY or os.path.isfile(os.path.expanduser(name_or_path)):
+        return name_or_path
+    try:
+        return derived_name(*split_name(name_or_path))
+    except ModelError:
+        return name_or_path
 
 
 def list_models() -> list[ModelStatus]:

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from ...costs import time_blocks
 from ...errors import ModelError
 from ..output.cells import mib
-from .quality import CONTEXT, N_CTX, Quality, load_texts, measure_quality, timing_block, v_summary
+from ..setup.texts import N_CTX, load_texts
+from .quality import CONTEXT, Quality, measure_quality, timing_block, v_summary
 
 AR_PROMPTS = (
     "def merge_sorted(a: list[int], b: list[int]) -> list[int]:\n"

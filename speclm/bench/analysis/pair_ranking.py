@@ -10,11 +10,8 @@ from collections.abc import Sequence
 
 from ..setup.methods import BASELINE
 from .groups import label
-from .quality import CONTEXT
+from .quality import CONTEXT, V_KS, V_REPEATS
 from .ratios import pair_with_ar, speedup_stats
-
-V_KS = (1, 4, 8, 16)  # the block sizes v(k) is timed at per model
-V_REPEATS = 3
 
 
 def _tok_s(recs: Sequence[dict]) -> float | None:

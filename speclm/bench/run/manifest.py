@@ -16,9 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ...backends.base import Backend
-from ...errors import ModelError
 from ...models.registry import REGISTRY
-from ...models.variants import SEP, derived_name, read_manifest, split_name
+from ...models.variants import SEP, read_manifest
 from ...models.store import sha256_file
 from ...machine import cpu_model, isa_flags
 
@@ -40,18 +39,14 @@ def _registered_name(path: Path) -> str | None:
 
 def describe_model(spec: str | Backend | None, backend: Backend | None) -> dict | None:
     """{name, source, sha256, size, path, vocab_size, n_ctx} for a model given by a
-    registered name, a GGUF path, or (spec None) the loaded backend itself."""
+    registered name, a variant's name as recorded (models/catalog.canonical_name), a GGUF
+    path, or (spec None) the loaded backend itself."""
     if spec is None and backend is None:
         return None
     path = backend.path if backend is not None else None
     if not isinstance(spec, str) and path is not None:
         spec = _registered_name(Path(path)) or str(path)
     out: dict = {"name": spec if isinstance(spec, str) else getattr(backend, "name", str(spec))}
-    if isinstance(spec, str) and SEP in spec and spec not in REGISTRY and not Path(spec).expanduser().is_file():
-        try:
-            spec = derived_name(*split_name(spec))  # NAME@Q4_0 -> NAME@q4_0, as recorded
-        except ModelError:
-            pass
     variant = read_manifest().get(spec) if isinstance(spec, str) and SEP in spec else None
     if isinstance(spec, str) and spec in REGISTRY:
         reg = REGISTRY[spec]

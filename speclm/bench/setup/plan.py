@@ -17,10 +17,11 @@ from ...api import LLM
 from ...backends.base import N_CTX
 from ...costs import TIMED_K
 from ...errors import InvalidRequestError
-from ...models.catalog import resolve_model
+from ...models.catalog import canonical_name, resolve_model
 from ...models.registry import DEFAULT_TARGET, default_draft
 from ...speculative.methods import METHODS as TABLE
 from .config import BenchConfig
+from .texts import text_set
 from .workloads import Prompt
 
 
@@ -40,8 +41,8 @@ class ModelNames:
 def plan_models(target: str | None, targets: list[str] | None, draft: str | None, drafts: list[str] | None,
                 needs_draft: bool, **load) -> ModelNames:
     """Targets and drafts from --target/--targets and --draft/--drafts; every name is
-    resolved here (an unknown name or unprepared NAME@QUANT fails before any model loads).
-    `load`: ModelNames' loading settings."""
+    resolved here (an unknown name or unprepared NAME@QUANT fails before any model loads)
+    and kept as it is recorded (catalog.canonical_name). `load`: ModelNames' loading settings."""
     if target and targets:
         raise InvalidRequestError("give --target NAME or --targets A,B,..., not both")
     if draft and drafts:
@@ -58,7 +59,8 @@ def plan_models(target: str | None, targets: list[str] | None, draft: str | None
         dlist = [default_draft(tlist[0])]
     for name in tlist + dlist:
         resolve_model(name)
-    return ModelNames(tlist, dlist, **load)
+    return ModelNames(list(dict.fromkeys(map(canonical_name, tlist))), list(dict.fromkeys(map(canonical_name, dlist))),
+                      **load)
 
 
 def suffix_configs(cfg: BenchConfig) -> tuple[list[str], int]:
@@ -73,8 +75,9 @@ def suffix_configs(cfg: BenchConfig) -> tuple[list[str], int]:
 @dataclass
 class BenchPlan:
     """One bench run, planned. `variant_quality`: also the perplexity of every model and
-    greedy agreement with the first target; `ceiling_methods` and `ceiling_k`: the copy
-    ceiling's methods and largest K (none: no ceiling)."""
+    greedy agreement with the first target; `texts`: the text set models by name are
+    scored and timed on (setup/texts.py; none for an LLM given); `ceiling_methods` and
+    `ceiling_k`: the copy ceiling's methods and largest K (none: no ceiling)."""
 
     prompts: list[Prompt]
     cfg: BenchConfig
@@ -83,6 +86,7 @@ class BenchPlan:
     variant_quality: bool = False
     ceiling_methods: list[str] = field(default_factory=list)
     ceiling_k: int = 0
+    texts: list[tuple[str, str]] = field(default_factory=list)  # (label, text)
 
     @property
     def target_count(self) -> int:
@@ -109,10 +113,11 @@ class BenchPlan:
 def plan_bench(prompts: list[Prompt], cfg: BenchConfig, models: ModelNames | LLM, *, dataset: str | None = None,
                variant_quality: bool = False) -> BenchPlan:
     """The plan of a run over `models`: names (loaded in turn) or an LLM already built.
-    variant_quality: models by name only (the run stage checks their context fits the text set)."""
+    variant_quality: models by name only, whose context must fit the text set."""
     if not prompts:
         raise InvalidRequestError("no prompts to benchmark: check --categories / --dataset")
     if variant_quality and not isinstance(models, ModelNames):
         raise InvalidRequestError("--variant-quality needs the models by name")
     methods, k = suffix_configs(cfg)
-    return BenchPlan(list(prompts), cfg, models, dataset, variant_quality, methods, k)
+    texts = text_set(variant_quality, models.n_ctx) if isinstance(models, ModelNames) else []
+    return BenchPlan(list(prompts), cfg, models, dataset, variant_quality, methods, k, texts)
