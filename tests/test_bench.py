@@ -21,7 +21,7 @@ from speclm.commands import bench as bench_cli
 from speclm.bench.analysis import counts, distributions, groups, ratios
 from speclm.bench.run.manifest import describe_model
 from speclm.bench.setup import methods, workloads
-from speclm.bench.setup.config import BenchConfig
+from speclm.bench.setup.config import BenchConfig, make_arms
 from speclm.machine import busy_warning
 from speclm.errors import InvalidRequestError
 from speclm.metrics import RoundRecord, per_position_acceptance, summarize
@@ -386,7 +386,8 @@ def test_load_is_recorded_and_a_machine_that_gets_busy_is_flagged(monkeypatch):
     monkeypatch.setattr(sequential.os, "cpu_count", lambda: 2)
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
     prompts = [workloads.Prompt("t", 0, (0, 1, 2, 0, 1), chat=False)]
-    run = sequential.run_bench(llm, prompts, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[6]))
+    cfg = BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[6])
+    run = sequential.run_bench(llm, prompts, cfg, make_arms(cfg, llm))
     assert run.load_before == (0.2, 0.2, 0.2) and run.load_after == (9.0, 9.0, 9.0)
     assert [r["method"] for r in run.requests] == ["ar", "sd-ngram"] and run.requests[0]["load1"] == 9.0
     assert len(run.warnings) == 1 and "BUSY DURING THE RUN" in run.warnings[0]
@@ -455,7 +456,8 @@ def test_prompts_run_per_category_in_index_order():
     ordered = workloads.load_builtin(["multi-turn-edit", "extract"], 3)
     assert sequential.run_order(ordered) == ordered
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
-    run = sequential.run_bench(llm, p, BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[4], repeats=2))
+    cfg = BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[4], repeats=2)
+    run = sequential.run_bench(llm, p, cfg, make_arms(cfg, llm))
     assert [(r["repeat"], r["category"], r["prompt_index"]) for r in run.requests if r["method"] == "ar"] == [
         (rep, c, i) for rep in (0, 1) for c, i in (("b", 0), ("b", 1), ("a", 0), ("a", 1))]
 
@@ -582,8 +584,8 @@ def test_a_concurrency_row_of_a_learning_method_starts_with_a_cache_of_its_own()
     from speclm.bench.run import sequential
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128), max_sequences=2)
     prompts = [workloads.Prompt("t", i, (0, 1, 2, i % 6, 1), chat=False) for i in range(3)]
-    sequential.run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3, 4], max_new_tokens=[8],
-                                               concurrency=[2]))
+    cfg = BenchConfig(methods=["sd-suffix"], ks=[3, 4], max_new_tokens=[8], concurrency=[2])
+    sequential.run_bench(llm, prompts, cfg, make_arms(cfg, llm))
     stats = llm.suffix_cache_stats()
     rows = {"bench-concurrency-arm1-2-T0-r0", "bench-concurrency-arm2-2-T0-r0"}  # arm 0 is AR
     passes = {"bench-arm1-T0-n8-r0", "bench-arm2-T0-n8-r0"}  # arm × (T, max_new_tokens, repeat)

@@ -26,7 +26,7 @@ from speclm.bench.analysis.groups import group_rows, verdicts
 from speclm.bench.analysis.ratios import pair_with_ar, speedup_stats
 from speclm.bench.output.results import MAIN_HEADER, identity_note, table_rows
 from speclm.bench.setup import workloads
-from speclm.bench.setup.config import BenchConfig
+from speclm.bench.setup.config import BenchConfig, make_arms
 from speclm.bench.run.sequential import run_bench
 from speclm.bench.trust import phases, starvation
 from speclm.bench.trust.policy import TrustPolicy
@@ -235,7 +235,8 @@ def test_a_repeat_learns_the_sequence_anew_instead_of_replaying_the_pass_before(
     cache, it would draft the first repeat's answers back to it."""
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
     prompts = [workloads.Prompt("seq", i, (0, 1, 2, i, 1, 2), chat=False) for i in range(3)]
-    run = run_bench(llm, prompts, BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[12], repeats=2))
+    cfg = BenchConfig(methods=["sd-suffix"], ks=[3], max_new_tokens=[12], repeats=2)
+    run = run_bench(llm, prompts, cfg, make_arms(cfg, llm))
     suffix = {(r["repeat"], r["prompt_index"]): (r["proposed"], r["accepted"]) for r in run.requests
               if r["method"] == "sd-suffix"}
     assert all(suffix[(1, i)] == suffix[(0, i)] for i in range(3))

@@ -9,7 +9,8 @@ request yields one record (records.py) and its per-round trace; a
 Trust (docs/bench.md#trust): after the warm-up the run waits (bounded) for a
 quiet machine (trust/quiet.py); every request records its process CPU share
 and is flagged when starved (trust/starvation.py); starved requests run again,
-with their AR partner, in re-run passes after the sweep (trust/reruns.py).
+with their AR partner, in re-run passes after the sweep (trust/reruns.py); the
+pipeline's trust stage warns of those still starved.
 Records are written in run order; a unit waiting for a re-run holds back the
 ones after it.
 
@@ -36,14 +37,14 @@ from ...speculative.loop import context_problem
 from ...metrics import GenerationResult
 from ...sampling import SamplingParams
 from ...speculative.identity import compare_to_ar
-from ..setup.config import Arm, BenchConfig, make_arms
+from ..setup.config import Arm, BenchConfig
 from ..setup.methods import BASELINE, SCHEMA_BASELINE
 from ..setup.workloads import Prompt
 from ..trust import phases
 from ...machine import busy_warning
 from ..trust.quiet import after_wait, busy_during, wait_for_quiet
 from ..trust.reruns import RerunQueue, RerunSlot, Unit, rerunnable
-from ..trust.starvation import judged_threads, starved_warnings
+from ..trust.starvation import judged_threads
 from .concurrent import run_concurrency
 from .records import sampling_params, timed
 from .trace import TraceSink
@@ -96,14 +97,13 @@ def warmup(arms: list[Arm], ids: list[int]) -> None:
             done.add((arm.method.name, id(arm.llm)))
 
 
-def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: TraceSink | None = None,
+def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, arms: list[Arm], sink: TraceSink | None = None,
               on_request: Callable[[dict], None] | None = None,
-              on_concurrency: Callable[[dict], None] | None = None, *, arms: list[Arm] | None = None,
-              meta: dict | None = None, first_id: int = 0,
+              on_concurrency: Callable[[dict], None] | None = None, *, meta: dict | None = None, first_id: int = 0,
               encoded: dict[Prompt, list[int]] | None = None) -> BenchRun:
-    """Run the sweep. `on_request` sees each record once it is final (progress bars). `arms`
-    (default make_arms(cfg, llm)) all share `llm`'s target; `meta` is merged into every
-    record and request ids count on from `first_id` (a variant sweep calls this per target).
+    """Run the sweep of `arms` (setup/config.make_arms), which all share `llm`'s target.
+    `on_request` sees each record once it is final (progress bars); `meta` is merged into
+    every record and request ids count on from `first_id` (a variant sweep calls this per target).
     `encoded`: each prompt's token ids where the caller has them (encode_prompts), else
     encoded here.
     Starved requests are re-run after the sweep (trust/reruns.py); what the trust checks
@@ -114,7 +114,6 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     load_before = os.getloadavg()
     warnings = [w for w in [busy_warning(load_before[0], cores)] if w]
     started = time.time()
-    arms = arms if arms is not None else make_arms(cfg, llm)
     prompts = run_order(prompts)
     ids_of = encoded or dict(zip(prompts, encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
     warmup(arms, ids_of[prompts[0]])
@@ -125,7 +124,6 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
     cfg.observed.waits.append(wait)
     warnings = after_wait(warnings, wait)
     threads = [judged_threads(a) for a in arms]
-    again = [rerunnable(a) for a in arms]
     records: list[dict] = []
 
     def finalize(unit: Unit) -> None:
@@ -150,9 +148,11 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
         rec["rerun_reason"] = reason
         return rec, result
 
+    again = [rerunnable(a) for a in arms]
     cap = policy.total_cap(cfg.planned_requests(len(prompts), len(arms)))
     queue = RerunQueue(policy, cap, cfg.observed, rerun, finalize, superseded=sink.superseded if sink else None)
     passes, rows = phases.plan(prompts, cfg, forgets=True)  # each phase and arm in a cache scope of its own
+    warnings += phases.warnings(passes + rows)
     pass_of = {(p.repeat, p.temperature, p.max_new_tokens): p for p in passes}
     n = first_id
     for rep in range(cfg.repeats):
@@ -177,7 +177,6 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, sink: Trace
                     queue.add(unit)
     queue.finish()
     conc = run_concurrency(rows, ids_of, cfg, arms, on_concurrency, meta, sink)
-    warnings += phases.warnings(passes + rows) + starved_warnings(records, conc)
     load_after = os.getloadavg()
     own = max((t for t in threads if t), default=0)  # the load this bench's own llama.cpp threads make
     warnings += busy_during(warnings, [load_after[0], *(r["load1"] for r in records)], own, cores)
