@@ -59,10 +59,10 @@ def _quality(names: list[str], threads: int | None) -> dict[str, dict]:
     """Perplexity of each model on the built-in text, and greedy agreement with the first."""
     from ..backends.load import load_backend
     from ..bench.analysis import quality
-    from ..bench.setup.texts import N_CTX, load_texts
+    from ..bench.setup.texts import TEXT_TOKENS, load_texts
     texts, out, ref = load_texts(0), {}, None
     for name in names:
-        backend = load_backend(name, N_CTX, threads, 1)
+        backend = load_backend(name, TEXT_TOKENS, threads, 1)
         try:
             q = quality.measure_quality(backend, texts, ref)
         finally:

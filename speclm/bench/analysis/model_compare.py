@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from ...costs import time_blocks
 from ...errors import ModelError
 from ..output.cells import mib
-from ..setup.texts import N_CTX, load_texts
+from ..setup.texts import TEXT_TOKENS, load_texts
 from .quality import CONTEXT, Quality, measure_quality, timing_block, v_summary
 
 AR_PROMPTS = (
@@ -50,8 +50,8 @@ def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | 
 
     names = [a, b, *more]
     ks = sorted({int(k) for k in ks})
-    if not ks or ks[0] < 1 or ks[-1] > N_CTX - CONTEXT:
-        raise ModelError(f"block sizes must be in [1, {N_CTX - CONTEXT}], got {ks}")
+    if not ks or ks[0] < 1 or ks[-1] > TEXT_TOKENS - CONTEXT:
+        raise ModelError(f"block sizes must be in [1, {TEXT_TOKENS - CONTEXT}], got {ks}")
     if repeats < 1 or ar_tokens < 0 or texts < 0:
         raise ModelError("repeats must be >= 1, ar_tokens and texts >= 0")
     say = progress or (lambda msg: None)
@@ -64,7 +64,7 @@ def compare_models(a: str, b: str, *more: str, texts: int = 8, n_threads: int | 
     try:
         for name, path in zip(names, paths):
             t0 = time.perf_counter()
-            backends.append(load_backend(str(path), N_CTX, n_threads, 2))
+            backends.append(load_backend(str(path), TEXT_TOKENS, n_threads, 2))
             say(f"loaded {name} in {time.perf_counter() - t0:.1f} s")
         rows: list[dict] = []
         ref_q: Quality | None = None

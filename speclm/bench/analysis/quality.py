@@ -16,7 +16,7 @@ import numpy as np
 
 from ...backends.base import Backend
 from ...costs import clock_ms, time_blocks
-from ..setup.texts import N_CTX
+from ..setup.texts import TEXT_TOKENS
 
 CONTEXT = 64  # tokens before the timed block
 CHUNK = 128  # tokens per score() call in the perplexity pass
@@ -79,7 +79,7 @@ def measure_quality(backend, text_set: Sequence[tuple[str, str]], ref: Quality |
     """Perplexity of ``backend`` on ``text_set`` (setup/texts.py) and its teacher-forced
     greedy agreement with ``ref`` (1.0 when ``ref`` is None: this is the reference).
     ``run=False`` only tokenizes (perplexity and agreement None)."""
-    toks = [backend.tokenize(t)[:N_CTX] for _, t in text_set]
+    toks = [backend.tokenize(t)[:TEXT_TOKENS] for _, t in text_set]
     t0 = clock_ms()
     nll, count, argmaxes = quality_pass(backend, toks if run else [])
     q = Quality(toks, argmaxes, backend.vocab_size, float(np.exp(nll / count)) if count else None, count,

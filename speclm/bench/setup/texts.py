@@ -17,7 +17,7 @@ from pathlib import Path
 from ...errors import InvalidRequestError, ModelError
 
 PPL_TEXT = Path(__file__).parent.parent / "data" / "ppl_text.txt"
-N_CTX = 2048  # a text is scored on its first N_CTX tokens, so a model scoring it needs this context
+TEXT_TOKENS = 2048  # a text is scored on its first TEXT_TOKENS tokens: a model scoring it needs that context
 QUALITY_TEXTS = 8  # HumanEval problems a bench run with --variant-quality adds (as `speclm models compare`)
 
 
@@ -49,8 +49,8 @@ def load_texts(n_humaneval: int) -> list[tuple[str, str]]:
 def text_set(variant_quality: bool, n_ctx: int) -> list[tuple[str, str]]:
     """A bench run's text set: ppl_text.txt's sections (their tokens time each model's v(b)),
     with QUALITY_TEXTS HumanEval problems when the models' quality is measured
-    (--variant-quality, which needs n_ctx >= N_CTX)."""
-    if variant_quality and n_ctx < N_CTX:
-        raise InvalidRequestError(f"--variant-quality scores texts of up to {N_CTX} tokens: "
-                                  f"raise --n-ctx to {N_CTX} or more")
+    (--variant-quality, which needs n_ctx >= TEXT_TOKENS)."""
+    if variant_quality and n_ctx < TEXT_TOKENS:
+        raise InvalidRequestError(f"--variant-quality scores texts of up to {TEXT_TOKENS} tokens: "
+                                  f"raise --n-ctx to {TEXT_TOKENS} or more")
     return load_texts(QUALITY_TEXTS if variant_quality else 0)
