@@ -82,28 +82,28 @@ def _turns_by_name(plan: BenchPlan, names: ModelNames, models: Models) -> Iterat
     drafts: dict[str, Loaded] = {}
     try:
         for i, name in enumerate([*names.drafts, *names.targets]):  # the drafts first: they stay loaded
-            t = load(name, names, plan, "decoding" if i < len(names.drafts) else "speculation")
+            m = load(name, names, plan, "decoding" if i < len(names.drafts) else "speculation")
             if i < len(names.drafts):
-                drafts[name] = t
-                models.described_drafts.append(t.described)
+                drafts[name] = m
+                models.described_drafts.append(m.described)
                 continue
             try:
-                models.threads = models.threads or names.threads or t.backend.n_threads
-                models.described_targets.append(t.described)
-                llm = LLM(target=t.backend, prefix_cache_tokens=kv, kernels=names.kernels)  # wraps the loaded backends
-                d_llms = {n: (LLM(target=t.backend, draft=d.backend, speculator=names.speculator,
+                models.threads = models.threads or names.threads or m.backend.n_threads
+                models.described_targets.append(m.described)
+                llm = LLM(target=m.backend, prefix_cache_tokens=kv, kernels=names.kernels)  # wraps the loaded backends
+                d_llms = {n: (LLM(target=m.backend, draft=d.backend, speculator=names.speculator,
                                   prefix_cache_tokens=kv, kernels=names.kernels),
                               {"draft_name": n, "draft_sha256": d.described.get("sha256")})
                           for n, d in drafts.items()}
                 try:
-                    yield Turn(t.described, llm, d_llms,
-                               {"target_name": name, "target_sha256": t.described.get("sha256")}, t.quality,
+                    yield Turn(m.described, llm, d_llms,
+                               {"target_name": name, "target_sha256": m.described.get("sha256")}, m.quality,
                                {n: (d.described, d.quality) for n, d in drafts.items()})
                 finally:
                     for d_llm, _ in d_llms.values():
                         d_llm.close_speculator()  # ssd: its process holds a draft copy; the next target starts anew
             finally:
-                t.backend.close()
+                m.backend.close()
     finally:
         for d in drafts.values():
             d.backend.close()
