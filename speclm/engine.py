@@ -216,12 +216,9 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._lock:
-                idle = not self._active and not self._pending
-            if self._untrimmed >= TRIM_EVERY or (idle and self._untrimmed):
-                return_freed_memory()
-                self._untrimmed = 0
-            with self._lock:
                 while not self._stop and not self._active and not self._pending:
+                    if self._untrimmed:  # idle: what the finished requests freed goes back now
+                        self._return_memory()
                     self._lock.wait()
                 if self._stop and not self._active and not self._pending:
                     return
@@ -239,6 +236,12 @@ class Engine:
                 self._step_together(batch)
             else:
                 self._step_in_turns(batch)
+            if self._untrimmed >= TRIM_EVERY:
+                self._return_memory()
+
+    def _return_memory(self) -> None:
+        return_freed_memory()
+        self._untrimmed = 0
 
     def _retire(self, handle: RequestHandle, gen: Generation, error: BaseException | None = None) -> None:
         if error is not None:
