@@ -101,8 +101,13 @@ def test_ar_and_auto_toy_servers_compared_per_category(tmp_path, capsys, monkeyp
                                  and 2 * r["prompts_faster"] > r["prompts"])
     assert all(v["evidence"].startswith(("yes: B ", "no: B ")) and "identical outputs" in v["evidence"]
                for v in summary["verdicts"])
-    assert [(c["endpoint"], c["concurrency"], c["requests"]) for c in summary["concurrency"]] == [
-        ("A", 1, 4), ("B", 1, 4), ("A", 2, 4), ("B", 2, 4)]
+    # who goes first alternates from row to row, so a drift of the machine falls on both servers alike
+    assert [(c["endpoint"], c["concurrency"], c["requests"], c["position"]) for c in summary["concurrency"]] == [
+        ("A", 1, 4, 1), ("B", 1, 4, 2), ("B", 2, 4, 1), ("A", 2, 4, 2)]
+    by = {(c["endpoint"], c["concurrency"]): c["throughput_tok_s"] for c in summary["concurrency"]}
+    assert [(p["n"], p["first"]) for p in summary["b_over_a"]] == [("1", "A"), ("2", "B")]
+    assert [p["ratio"] for p in summary["b_over_a"]] == pytest.approx([by["B", n] / by["A", n] for n in (1, 2)])
+    assert "| 2 | 0 | " in md and "B ÷ A per row" in md
     # 2 prompts a category cannot give 4 phases prompts of their own: every phase after the first replays
     assert [p["replay"] for p in summary["phases"]] == [False, True, True, True]
     assert [r["replay"] for r in requests] == [False] * 8 + [True] * 8
@@ -431,7 +436,7 @@ def test_a_server_is_never_sent_a_prompt_twice_when_every_category_has_one_per_p
         (0, "raw", 0), (0, "chat", 0), (1, "raw", 1), (1, "raw", 2), (1, "chat", 1), (1, "chat", 2)]
     rows = summary["concurrency"]
     assert [(c["endpoint"], c["concurrency"], c["requests"], c["replay"]) for c in rows] == [
-        ("A", 1, 2, False), ("B", 1, 2, False), ("A", 4, 4, False), ("B", 4, 4, False)]
+        ("A", 1, 2, False), ("B", 1, 2, False), ("B", 4, 4, False), ("A", 4, 4, False)]
     assert [c["in_flight_peak"] for c in rows] == [1, 1, 4, 4] and a.peak == b.peak == 4
     assert summary["warnings"] == [] and "| REPLAY |" not in md and "| fresh |" in md
 

@@ -188,16 +188,50 @@ def phases_section(phases: Sequence[Phase]) -> Section:
 
 
 def concurrency_section(rows: list[dict]) -> Section:
+    phase_at = {p: i for i, p in reversed(list(enumerate(c["phase"] for c in rows)))}
+    shown = sorted(rows, key=lambda c: (phase_at[c["phase"]], c["endpoint"]))  # measured alternating (run.py)
     conc = [(c["endpoint"], n_cell(c), str(c.get("in_flight_peak", "-")), _sent(c), f"{c['temperature']:g}",
-             str(c["requests"]), f"{c['throughput_tok_s']:.1f}", quantiles(c["latency_ms"], ".1f"),
-             quantiles(c["ttft_ms"], ".1f"), quantiles(c["itl_ms"], ".1f")) for c in rows]
+             str(c["requests"]), _went(c), f"{c['throughput_tok_s']:.1f}", quantiles(c["latency_ms"], ".1f"),
+             quantiles(c["ttft_ms"], ".1f"), quantiles(c["itl_ms"], ".1f")) for c in shown]
+    pairs = b_over_a(rows)
     md = ["N closed-loop clients, each of the row's prompts once; in flight: the most requests the row had in "
-          "flight at once; prompts: fresh, or a REPLAY of prompts the server was sent before (Prompts per phase).",
-          "", md_table(("endpoint", "N", "in flight", "prompts", "T", "requests", "tok/s", "latency p50/p95/p99",
-                        "TTFT p50/p95/p99", "ITL p50/p95/p99"), conc)]
+          "flight at once; prompts: fresh, or a REPLAY of prompts the server was sent before (Prompts per phase); "
+          "went: first or second of the row's two servers (who goes first alternates from row to row).",
+          "", md_table(("endpoint", "N", "in flight", "prompts", "T", "requests", "went", "tok/s",
+                        "latency p50/p95/p99", "TTFT p50/p95/p99", "ITL p50/p95/p99"), conc)]
+    if pairs:
+        md += ["", "B ÷ A per row (one run of each row: the same code moves a few per cent from run to run).", "",
+               md_table(("N", "T", "B ÷ A tok/s", "TTFT p95 A / B ms", "first"), [
+                   (p["n"], f"{p['temperature']:g}", f"{p['ratio']:.3f}×", p["ttft_p95"], p["first"]) for p in pairs])]
     console = [f"{c['endpoint']} N={n_cell(c)}{' [bold]REPLAY[/]' if c.get('replay') else ''}: "
-               f"{c['throughput_tok_s']:.1f} tok/s" for c in rows]
-    return Section("Throughput under concurrency", {"concurrency": rows}, md if rows else None, console)
+               f"{c['throughput_tok_s']:.1f} tok/s" for c in shown]
+    console += [f"B ÷ A N={p['n']}: {p['ratio']:.3f}× tok/s ({p['first']} first)" for p in pairs]
+    return Section("Throughput under concurrency", {"concurrency": rows, "b_over_a": pairs}, md if rows else None,
+                   console)
+
+
+def b_over_a(rows: list[dict]) -> list[dict]:
+    """Per row that both servers ran: B's aggregate tok/s over A's, their TTFT p95, who went first."""
+    by_phase: dict[str, dict[str, dict]] = {}
+    for c in rows:
+        by_phase.setdefault(c["phase"], {})[c["endpoint"]] = c
+    out = []
+    for pair in by_phase.values():
+        a, b = pair.get("A"), pair.get("B")
+        if a is None or b is None or not a["throughput_tok_s"]:
+            continue
+        out.append({"n": n_cell(a), "temperature": a["temperature"],
+                    "ratio": b["throughput_tok_s"] / a["throughput_tok_s"],
+                    "ttft_p95": f"{_p95(a):.0f} / {_p95(b):.0f}", "first": "A" if a.get("position", 1) == 1 else "B"})
+    return out
+
+
+def _p95(row: dict) -> float:
+    return (row["ttft_ms"] or {}).get("p95") or 0.0
+
+
+def _went(row: dict) -> str:
+    return {1: "first", 2: "second"}.get(row.get("position"), "-")
 
 
 def speculation_section(endpoints: Sequence[dict]) -> Section:

@@ -5,7 +5,7 @@ whether it replays prompts its server was sent before, and a row's N:
 trust/phases.py.
 
 Order: per prompt, A then B (interleaved, as the local bench runs AR then each
-method).
+method); per concurrency row, A and B in turn, who goes first alternating.
 """
 
 from __future__ import annotations
@@ -85,9 +85,12 @@ def run_sequential(run: EndpointRun, passes: Sequence[Phase], cfg, write: Callab
 
 def run_concurrency(run: EndpointRun, rows: Sequence[Phase], cfg, on_row: Callable[[dict], None]) -> None:
     """Per row (T × N) and endpoint: the row's prompts once each, N closed-loop clients in
-    flight (loadgen.run_clients); the first failure stops the row and is raised."""
-    for phase in rows:
-        for ep in run.endpoints:
+    flight (loadgen.run_clients); the first failure stops the row and is raised. With two
+    servers the one that goes first alternates from row to row (A first in the first row;
+    a row's record says its `position`), so a drift of the machine's speed falls on both
+    alike, as the local bench alternates its arms."""
+    for j, phase in enumerate(rows):
+        for position, ep in enumerate(run.endpoints if j % 2 == 0 else run.endpoints[::-1], 1):
             in_flight = InFlight()
 
             def one(item: tuple[int, Prompt]) -> dict:
@@ -107,6 +110,6 @@ def run_concurrency(run: EndpointRun, rows: Sequence[Phase], cfg, on_row: Callab
                    "tpot_ms": distribution(r["tpot_ms"] for r in recs),
                    "itl_ms": distribution(g for r in recs for g in r["itl_ms"]),
                    "concurrency_requested": phase.n_asked, "in_flight_peak": in_flight.peak,
-                   "phase": phase.name, "replay": phase.replay}
+                   "phase": phase.name, "replay": phase.replay, "position": position}
             run.concurrency.append(row)
             on_row(row)
