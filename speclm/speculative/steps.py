@@ -207,8 +207,11 @@ def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, pr
     decoding tokens: `prefill_chunk` tokens a step (and what the capacity leaves;
     with nothing decoding, the capacity), first come first served. Prompts that
     arrive together then get their first tokens one after another, not all at
-    the end of the whole wave's prefill (which an even split would cost every one
-    of them; the compute is the same)."""
+    the end of the whole wave's prefill, as an even split would give them. The
+    rows are the same either way, not their cost: llama.cpp runs chunks of unequal
+    lengths as passes of their own (seven of 256 rows in all cost 1.2x one chunk),
+    yet equal chunks did not make a wave of 16 prompts faster end to end
+    (docs/results.md#u7)."""
     budget = min(capacity - shared, prefill_chunk) if shared else capacity
     chunks = []
     for gen in prefilling:
