@@ -105,9 +105,11 @@ def test_ar_and_auto_toy_servers_compared_per_category(tmp_path, capsys, monkeyp
     assert [(c["endpoint"], c["concurrency"], c["requests"], c["position"]) for c in summary["concurrency"]] == [
         ("A", 1, 4, 1), ("B", 1, 4, 2), ("B", 2, 4, 1), ("A", 2, 4, 2)]
     by = {(c["endpoint"], c["concurrency"]): c["throughput_tok_s"] for c in summary["concurrency"]}
+    by_ttft = {(c["endpoint"], c["concurrency"]): c["ttft_ms"]["p95"] for c in summary["concurrency"]}
     assert [(p["n"], p["first"]) for p in summary["b_over_a"]] == [("1", "A"), ("2", "B")]
     assert [p["ratio"] for p in summary["b_over_a"]] == pytest.approx([by["B", n] / by["A", n] for n in (1, 2)])
-    assert "| 2 | 0 | " in md and "B ÷ A per row" in md
+    assert all(p["ttft_p95_ms"] == {e: by_ttft[e, n] for e in "AB"} for p, n in zip(summary["b_over_a"], (1, 2)))
+    assert "| N | T | B ÷ A tok/s | TTFT p95 A / B ms | first |" in md
     # 2 prompts a category cannot give 4 phases prompts of their own: every phase after the first replays
     assert [p["replay"] for p in summary["phases"]] == [False, True, True, True]
     assert [r["replay"] for r in requests] == [False] * 8 + [True] * 8

@@ -188,7 +188,7 @@ def phases_section(phases: Sequence[Phase]) -> Section:
 
 
 def concurrency_section(rows: list[dict]) -> Section:
-    phase_at = {p: i for i, p in reversed(list(enumerate(c["phase"] for c in rows)))}
+    phase_at = {p: i for i, p in enumerate(dict.fromkeys(c["phase"] for c in rows))}
     shown = sorted(rows, key=lambda c: (phase_at[c["phase"]], c["endpoint"]))  # measured alternating (run.py)
     conc = [(c["endpoint"], n_cell(c), str(c.get("in_flight_peak", "-")), _sent(c), f"{c['temperature']:g}",
              str(c["requests"]), _went(c), f"{c['throughput_tok_s']:.1f}", quantiles(c["latency_ms"], ".1f"),
@@ -202,7 +202,8 @@ def concurrency_section(rows: list[dict]) -> Section:
     if pairs:
         md += ["", "B ÷ A per row (one run of each row: the same code moves a few per cent from run to run).", "",
                md_table(("N", "T", "B ÷ A tok/s", "TTFT p95 A / B ms", "first"), [
-                   (p["n"], f"{p['temperature']:g}", f"{p['ratio']:.3f}×", p["ttft_p95"], p["first"]) for p in pairs])]
+                   (p["n"], f"{p['temperature']:g}", f"{p['ratio']:.3f}×",
+                    f"{p['ttft_p95_ms']['A']:.0f} / {p['ttft_p95_ms']['B']:.0f}", p["first"]) for p in pairs])]
     console = [f"{c['endpoint']} N={n_cell(c)}{' [bold]REPLAY[/]' if c.get('replay') else ''}: "
                f"{c['throughput_tok_s']:.1f} tok/s" for c in shown]
     console += [f"B ÷ A N={p['n']}: {p['ratio']:.3f}× tok/s ({p['first']} first)" for p in pairs]
@@ -222,7 +223,7 @@ def b_over_a(rows: list[dict]) -> list[dict]:
             continue
         out.append({"n": n_cell(a), "temperature": a["temperature"],
                     "ratio": b["throughput_tok_s"] / a["throughput_tok_s"],
-                    "ttft_p95": f"{_p95(a):.0f} / {_p95(b):.0f}", "first": "A" if a.get("position", 1) == 1 else "B"})
+                    "ttft_p95_ms": {"A": _p95(a), "B": _p95(b)}, "first": "A" if a.get("position", 1) == 1 else "B"})
     return out
 
 
