@@ -223,16 +223,13 @@ def b_over_a(rows: list[dict]) -> list[dict]:
             continue
         out.append({"n": n_cell(a), "temperature": a["temperature"],
                     "ratio": b["throughput_tok_s"] / a["throughput_tok_s"],
-                    "ttft_p95_ms": {"A": _p95(a), "B": _p95(b)}, "first": "A" if a.get("position", 1) == 1 else "B"})
+                    "ttft_p95_ms": {"A": a["ttft_ms"]["p95"], "B": b["ttft_ms"]["p95"]},
+                    "first": "A" if a["position"] == 1 else "B"})
     return out
 
 
-def _p95(row: dict) -> float:
-    return (row["ttft_ms"] or {}).get("p95") or 0.0
-
-
 def _went(row: dict) -> str:
-    return {1: "first", 2: "second"}.get(row.get("position"), "-")
+    return ("first", "second")[row["position"] - 1]
 
 
 def speculation_section(endpoints: Sequence[dict]) -> Section:
