@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Iterator
 
 from .api import LLM, SpecConfig
 from .costs import TIMED_K
-from .speculative.steps import PREFILL_CHUNK, plan_step, run_step, step_alone
+from .speculative.steps import PREFILL_CHUNK, PREFILL_STEP, plan_step, run_step, step_alone
 from .errors import BusyError, InvalidRequestError, SpeclmError
 from .machine import return_freed_memory
 from .metrics import GenerationResult
@@ -151,14 +151,15 @@ class Engine:
     (batched), or one request's round per turn (batched=False)."""
 
     def __init__(self, llm: LLM, max_concurrency: int = 4, max_queue: int = 64, start: bool = True,
-                 batched: bool = True, prefill_chunk: int = PREFILL_CHUNK, split_forwards: bool = True):
+                 batched: bool = True, prefill_chunk: int = PREFILL_CHUNK, split_forwards: bool = True,
+                 prefill_step: int = PREFILL_STEP):
         capacity = llm.target.max_sequences
         if capacity is not None and max_concurrency > capacity:
             raise InvalidRequestError(
                 f"max_concurrency {max_concurrency} exceeds the {capacity} KV sequences the model was "
                 f"loaded with: load it with LLM(max_sequences={max_concurrency}) or lower the concurrency")
         self.llm = llm
-        self.batched, self.prefill_chunk = batched, prefill_chunk
+        self.batched, self.prefill_chunk, self.prefill_step = batched, prefill_chunk, prefill_step
         # the target's v(rows), calibrated once per LLM (no request learns it): a step whose
         # one forward is priced dearer than a few smaller ones runs as those (steps.forwards)
         self.forward_costs = llm.cost_model(None, TIMED_K) if batched and split_forwards and max_concurrency > 1 \
@@ -265,7 +266,8 @@ class Engine:
         owner = {id(gen): handle for handle, gen in live}
         with self.llm.backend_lock:
             slots = plan_step([gen for _, gen in live], self.llm.target.n_ctx, self.prefill_chunk,
-                              split=self.forward_costs is not None, costs=self.forward_costs)
+                              split=self.forward_costs is not None, costs=self.forward_costs,
+                              prefill_step=self.prefill_step)
             run_step(self.llm.target, slots, self.forward_costs)
         for s in slots:
             if s.error is not None or s.finished:

@@ -213,9 +213,9 @@ def test_real_model_greedy_batched_matches_solo_within_batch_numerics():
 
 
 def test_prompts_arriving_together_prefill_first_come_first_served():
-    """A step's prefill budget goes to the earliest arrival first: of three 300-token
-    prompts arriving at once, the first prefills whole in the first step and decodes
-    while the later ones prefill, instead of all three waiting for the whole wave."""
+    """With nothing decoding, a step's prefill takes the capacity, earliest arrival first:
+    of three 300-token prompts arriving at once, the first prefills whole in the first
+    step (its first round folded in) and decodes from the next."""
     from speclm.speculative.steps import plan_step, run_step
     llm = toy_llm()
     prompt = [1, 2, 3, 4, 5] * 60
@@ -226,7 +226,27 @@ def test_prompts_arriving_together_prefill_first_come_first_served():
     run_step(llm.target, first)
     second = plan_step(gens, capacity=512, prefill_chunk=64)
     assert [(s.gen, len(s.tokens), s.round is not None) for s in second] == [
-        (gens[0], 1, True), (gens[1], 64, False)]  # A decodes; B takes the step's chunk; C waits its turn
+        (gens[0], 1, True), (gens[1], 64, False), (gens[2], 64, False)]  # A decodes; B and C a chunk each
+
+
+def test_beside_decoding_requests_each_prompt_advances_a_chunk_a_step_within_the_step_bound():
+    """Beside a decoding request every prefilling prompt puts at most `prefill_chunk` rows
+    in a step, first come first served until `prefill_step` rows in all: a wave of short
+    prompts goes in one forward, a long prompt holds the decoder up by one chunk a step."""
+    from speclm.speculative.steps import plan_step, run_step
+    llm = toy_llm()
+    decoding = llm.start([3, 4, 5], SamplingParams(max_new_tokens=8), SpecConfig(method="ar"))
+    run_step(llm.target, plan_step([decoding], capacity=512))
+    assert decoding.prefill_left == []
+    short = [llm.start([1, 2, 3, 4] * 5 + [i], SamplingParams(max_new_tokens=4), SpecConfig(method="ar"))
+             for i in range(3)]
+    long = llm.start([1, 2, 3, 4, 5] * 60, SamplingParams(max_new_tokens=4), SpecConfig(method="ar"))
+    slots = plan_step([decoding, *short, long], capacity=512, prefill_chunk=64, prefill_step=100)
+    # the short prompts (21 rows) whole, each with its first round folded in; the long one what is left of 100
+    assert [(s.gen, len(s.tokens)) for s in slots] == [
+        (decoding, 1), (short[0], 21), (short[1], 21), (short[2], 21), (long, 100 - 63)]
+    slots = plan_step([decoding, long], capacity=512, prefill_chunk=64, prefill_step=100)
+    assert [(s.gen, len(s.tokens)) for s in slots] == [(decoding, 1), (long, 64)]
 
 
 def test_drafting_beside_a_prefill_chunk_must_yield_as_much_as_the_prompt_rows_it_delays():

@@ -23,9 +23,10 @@ sequence runs unequal blocks in several passes; `Backend.pass_rows`). Since no
 request alone can pay for every block growing, the engine's step then re-cuts
 the requests' drafts to one length together where its curve prices that faster
 (`even_blocks`).
-Prefill is chunked (`prefill_chunk` tokens a step, given to the prefilling
-requests first come first served) while others decode, so one long prompt
-cannot stall them; a chunk's rows count as work in the step's goodput, so
+Prefill is chunked while others decode (each prefilling request at most
+`prefill_chunk` rows a step, `prefill_step` rows in all, first come first
+served), so one long prompt cannot stall them while a wave of short ones goes
+in one forward; a chunk's rows count as work in the step's goodput, so
 drafts do not slow the prefill (and the first token) of waiting requests.
 """
 
@@ -44,7 +45,8 @@ from ..sampling import SamplingParams
 from .loop import Generation, Round, score
 from .proposers.base import Proposer
 
-PREFILL_CHUNK = 256  # prompt tokens per step while other requests decode
+PREFILL_CHUNK = 256  # prompt rows a prefilling request puts in a step while other requests decode
+PREFILL_STEP = 1024  # prompt rows a step holds in all while other requests decode (_prefill_chunks)
 WAIT_FOR_START = 8  # a new request waits a step for a shared start this long or longer (_begin_new)
 
 
@@ -60,7 +62,7 @@ class Slot:
 
 
 def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFILL_CHUNK,
-              split: bool = False, costs: CostModel | None = None) -> list[Slot]:
+              split: bool = False, costs: CostModel | None = None, prefill_step: int = PREFILL_STEP) -> list[Slot]:
     """Each request's part of the next forward (decoding requests first, then prefill
     chunks; a prompt's last chunk carries its first round, Round.lead), at most
     `capacity` tokens in all (a folded round's drafts beyond it). A request whose plan fails or which
@@ -80,7 +82,7 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
     slots, decoding, prefilling = [], [], []
     for gen in _begin_new(gens, slots):
         (prefilling if gen.prefill_left else decoding).append(gen)
-    chunks = _prefill_chunks(prefilling, capacity, len(decoding), prefill_chunk)
+    chunks = _prefill_chunks(prefilling, capacity, len(decoding), prefill_chunk, prefill_step)
     prefill = {g.seq: len(c) for g, c in zip(prefilling, chunks) if c}
     planned, expected = {}, float(sum(map(len, chunks)))  # a prompt row is work done, as a token is
     joint = costs is not None and len(decoding) > 1
@@ -95,7 +97,8 @@ def plan_step(gens: list[Generation], capacity: int, prefill_chunk: int = PREFIL
     if joint:
         even_blocks(slots, prefill, costs)
         planned = {s.gen.seq: len(s.tokens) for s in slots if s.tokens}
-    for gen, chunk in zip(prefilling, _prefill_chunks(prefilling, capacity, sum(planned.values()), prefill_chunk)):
+    for gen, chunk in zip(prefilling, _prefill_chunks(prefilling, capacity, sum(planned.values()), prefill_chunk,
+                                                       prefill_step)):
         if chunk:
             # the prompt's last chunk carries the first round (Round.lead): the first token comes
             # from the prompt's own forward, as in plain llama.cpp, not from one more
@@ -202,20 +205,21 @@ def _shared_start_is_coming(gen: Generation, donors: list[Generation]) -> bool:
                                               [d.seq for d in donors])
 
 
-def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, prefill_chunk: int) -> list[list[int]]:
+def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, prefill_chunk: int,
+                    prefill_step: int = PREFILL_STEP) -> list[list[int]]:
     """The prompt tokens each prefilling request puts in a step beside `shared`
-    decoding tokens: `prefill_chunk` tokens a step (and what the capacity leaves;
-    with nothing decoding, the capacity), first come first served. Prompts that
-    arrive together then get their first tokens one after another, not all at
-    the end of the whole wave's prefill, as an even split would give them. The
-    rows are the same either way, not their cost: llama.cpp runs chunks of unequal
-    lengths as passes of their own (seven of 256 rows in all cost 1.2x one chunk),
-    yet equal chunks did not make a wave of 16 prompts faster end to end
-    (docs/results.md#u7)."""
-    budget = min(capacity - shared, prefill_chunk) if shared else capacity
+    decoding tokens: at most `prefill_chunk` each and `prefill_step` in all (and what
+    the capacity leaves), first come first served; with nothing decoding, the
+    capacity. A long prompt thus holds the decoders up by one chunk a step, while a
+    wave of short prompts arriving together prefills in one forward: llama.cpp runs
+    the unequal chunks of a step in passes of its own (`Backend.pass_rows`), and
+    fewer, larger passes cost less a row (16 chat prompts' 693 rows beside one
+    decoding request: one forward 8.1 s against 8.9 s in three of 256 rows, and
+    a wave through `speclm serve` 1.06x faster, docs/results.md#u8)."""
+    budget = min(capacity - shared, prefill_step) if shared else capacity
     chunks = []
     for gen in prefilling:
-        chunk = _prompt_rows(gen)[:max(0, budget)]
+        chunk = _prompt_rows(gen)[:max(0, min(budget, prefill_chunk) if shared else budget)]
         budget -= len(chunk)
         chunks.append(chunk)
     return chunks
