@@ -213,9 +213,10 @@ def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, pr
     capacity. A long prompt thus holds the decoders up by one chunk a step, while a
     wave of short prompts arriving together prefills in one forward: llama.cpp runs
     the unequal chunks of a step in passes of its own (`Backend.pass_rows`), and
-    fewer, larger passes cost less a row (16 chat prompts' 693 rows beside one
-    decoding request: one forward 8.1 s against 8.9 s in three of 256 rows, and
-    a wave through `speclm serve` 1.06x faster, docs/results.md#u8)."""
+    fewer, larger passes cost less a row (a wave of 16 chat prompts, the first
+    decoding while the other 15 prefill: 8.1 s of forwards with the 15 in one step,
+    8.9 s in three of 256 rows; through `speclm serve` 1.05x the wave's tok/s,
+    docs/results.md#u8)."""
     budget = min(capacity - shared, prefill_step) if shared else capacity
     chunks = []
     for gen in prefilling:
