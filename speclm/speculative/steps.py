@@ -206,7 +206,7 @@ def _shared_start_is_coming(gen: Generation, donors: list[Generation]) -> bool:
 
 
 def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, prefill_chunk: int,
-                    prefill_step: int = PREFILL_STEP) -> list[list[int]]:
+                    prefill_step: int) -> list[list[int]]:
     """The prompt tokens each prefilling request puts in a step beside `shared`
     decoding tokens: at most `prefill_chunk` each and `prefill_step` in all (and what
     the capacity leaves), first come first served; with nothing decoding, the
@@ -217,10 +217,10 @@ def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, pr
     decoding while the other 15 prefill: 8.1 s of forwards with the 15 in one step,
     8.9 s in three of 256 rows; through `speclm serve` 1.05x the wave's tok/s,
     docs/results.md#u8)."""
-    budget = min(capacity - shared, prefill_step) if shared else capacity
+    budget, each = (min(capacity - shared, prefill_step), prefill_chunk) if shared else (capacity, capacity)
     chunks = []
     for gen in prefilling:
-        chunk = _prompt_rows(gen)[:max(0, min(budget, prefill_chunk) if shared else budget)]
+        chunk = _prompt_rows(gen)[:max(0, min(budget, each))]
         budget -= len(chunk)
         chunks.append(chunk)
     return chunks
