@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import InvalidRequestError
@@ -26,12 +27,19 @@ def render_chat(template: str, messages: list[dict], bos_token: str = "", eos_to
     for m in messages:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise InvalidRequestError(f"each chat message needs 'role' and 'content', got {m!r}")
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
-    env.filters["tojson"] = _tojson
     try:
-        return env.from_string(template).render(
+        return _compiled(template).render(
             messages=messages, bos_token=bos_token, eos_token=eos_token,
             add_generation_prompt=add_generation_prompt, tools=tools or None)
     except TemplateError as exc:
         raise InvalidRequestError(f"could not render the model's chat template: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(template: str) -> Template:
+    """The template compiled once (a server renders it for every chat request; compiling
+    cost more than rendering). Rendering a compiled template is thread-safe."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    env.filters["tojson"] = _tojson
+    return env.from_string(template)
