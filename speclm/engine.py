@@ -14,9 +14,11 @@ Submitting beyond max_concurrency queues the request (bounded by
 max_queue; beyond that `EngineFullError`). Cancelling frees the request's
 KV sequence at the scheduler's next turn.
 
-Memory freed by finished requests goes back to the operating system whenever
-the scheduler falls idle and after every TRIM_EVERY finished requests
-(`machine.return_freed_memory`), so a server's resident memory stays bounded.
+Buffers a step frees are reused by the next (`machine.reuse_freed_buffers`, set
+when an Engine is made), and memory freed by finished requests goes back to the
+operating system whenever the scheduler falls idle and after every TRIM_EVERY
+finished requests (`machine.return_freed_memory`), so a server's resident memory
+stays bounded.
 
 The scheduler holds `llm.backend_lock` for each round it runs, so work another
 thread does on the same models (the cost-model calibration of a new `auto`
@@ -35,7 +37,7 @@ from .api import LLM, SpecConfig
 from .costs import TIMED_K
 from .speculative.steps import PREFILL_CHUNK, PREFILL_STEP, plan_step, run_step, step_alone
 from .errors import BusyError, InvalidRequestError, SpeclmError
-from .machine import return_freed_memory
+from .machine import return_freed_memory, reuse_freed_buffers
 from .metrics import GenerationResult
 from .sampling import SamplingParams
 from .speculative.loop import Generation  # noqa: F401  (the type the scheduler steps)
@@ -172,6 +174,7 @@ class Engine:
         self._ids = itertools.count(1)
         self._stop = False
         self._untrimmed = 0  # requests finished since freed memory was last returned
+        reuse_freed_buffers()
         self._thread = threading.Thread(target=self._run, name="speclm-engine", daemon=True)
         if start:
             self.start()

@@ -1,6 +1,7 @@
 """Facts about this machine that every layer may record: the CPU model and the
 instruction sets that decide which llama.cpp kernels can run (docs/kernels.md);
-and the one call to the C library a long-lived process needs (`return_freed_memory`)."""
+and the two calls to the C library a long-lived process needs (`reuse_freed_buffers`,
+`return_freed_memory`)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,27 @@ def _glibc() -> ctypes.CDLL | None:
     except (OSError, AttributeError):
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    lib.mallopt.argtypes, lib.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return lib
+
+
+# glibc's mallopt parameters, and the values `reuse_freed_buffers` sets
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+MMAP_BELOW = 32 << 20  # glibc's own ceiling for its adaptive mmap threshold on 64-bit
+TRIM_ABOVE = 128 << 20
+
+
+def reuse_freed_buffers() -> bool:
+    """Have glibc serve blocks under 32 MiB from memory it already holds and keep up to
+    128 MiB free before giving any back (fixed thresholds, mallopt): the logits rows and
+    distributions every step allocates and frees then reuse pages, where glibc's adaptive
+    thresholds had the scheduler thread fault in fresh zeroed pages, about 5,000 a 16-row
+    step (docs/results.md#u9). `return_freed_memory` still gives back what is held.
+    Process-wide; False where the C library is not glibc."""
+    lib = _glibc()
+    if lib is None:
+        return False
+    return bool(lib.mallopt(M_MMAP_THRESHOLD, MMAP_BELOW)) and bool(lib.mallopt(M_TRIM_THRESHOLD, TRIM_ABOVE))
 
 
 def return_freed_memory() -> bool:
