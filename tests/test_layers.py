@@ -15,7 +15,7 @@ PACKAGE = Path(speclm.__file__).parent
 LAYERS = [
     ("foundations", ["speclm.errors", "speclm.machine", "speclm.options", "speclm.metrics"]),
     ("arithmetic and the llama.cpp library", ["speclm.sampling", "speclm.constraints", "speclm.costs",
-                                               "speclm.llama_lib"]),
+                                               "speclm.llama_lib", "speclm.native"]),
     ("model files", ["speclm.models"]),
     ("backends", ["speclm.backends"]),
     ("request parts", ["speclm.stops", "speclm.prefix_cache", "speclm.heads"]),

@@ -1,0 +1,287 @@
+// speclm's kernels inside llama.cpp's own graph: an extra CPU buffer type, put first in the list
+// libggml-cpu consults, that claims the Q4_K and Q6_K matmul weights of the models loaded while
+// claiming is on and computes their multi-row matmuls on ggml's own threads.
+//
+// The weights keep ggml's layout in that buffer (ggml's CPU buffer, relabelled), so any matmul
+// these kernels decline (a row count outside the range, a shape they do not take) runs through
+// ggml's own code on the same bytes. docs/kernels.md#speclms-kernels explains the contract.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "ggml_abi.h"
+#include "quant_gemm.h"
+
+using namespace speclm_abi;
+
+namespace {
+
+struct init_params {  // struct ggml_init_params
+    size_t mem_size;
+    void *mem_buffer;
+    bool no_alloc;
+};
+
+// ggml's functions, looked up at registration
+struct Ggml {
+    buffer_type *(*cpu_buffer_type)();
+    buffer *(*buft_alloc_buffer)(buffer_type *, size_t);
+    size_t (*buft_get_alignment)(buffer_type *);
+    bool (*buft_is_host)(buffer_type *);
+    buffer_type *(*buffer_get_type)(buffer *);
+    size_t (*buffer_get_size)(buffer *);
+    void (*buffer_free)(buffer *);
+    void *(*cpu_reg)();
+    void *(*reg_dev_get)(void *, size_t);
+    void *(*reg_get_proc_address)(void *, const char *);
+    const char *(*op_name)(int);
+    const char *(*type_name)(int);
+    size_t (*row_size)(int, int64_t);
+    void *(*init)(struct init_params);
+    void (*free)(void *);
+    tensor *(*new_tensor_2d)(void *, int, int64_t, int64_t);
+    tensor *(*mul_mat)(void *, tensor *, tensor *);
+    void *(*get_data)(const tensor *);
+    void (*barrier)(void *);
+    std::vector<buffer_type *> &(*extra_buffer_types)();
+};
+
+constexpr int TYPE_F32 = 0, TYPE_Q4_K = 12, TYPE_Q6_K = 14, TYPE_Q8_K = 15;  // checked by name at registration
+
+Ggml g;
+int op_mul_mat = -1;
+buffer_type our_type;
+std::atomic<bool> claiming{false};
+std::atomic<int> min_rows{2}, max_rows{64};
+std::atomic<long> handled{0};
+speclm::Isa isa = speclm::Isa::NONE;
+bool registered = false;
+
+bool is_ours(const tensor *t) { return t && t->buf && t->buf->buft == &our_type; }
+
+bool shape_ok(const tensor *op) {
+    const tensor *w = op->src[0], *x = op->src[1];
+    if (w->type != TYPE_Q4_K && w->type != TYPE_Q6_K) return false;
+    if (w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::QK != 0) return false;
+    if (!x || x->type != TYPE_F32 || x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1) return false;
+    if (x->nb[0] != sizeof(float) || op->nb[0] != sizeof(float)) return false;
+    if (x->buf && !g.buft_is_host(x->buf->buft)) return false;
+    return isa != speclm::Isa::NONE;
+}
+
+bool takes(const tensor *op) {
+    int ny = (int)op->src[1]->ne[1];
+    return op->op == op_mul_mat && is_ours(op->src[0]) && shape_ok(op) && ny >= min_rows.load() &&
+           ny <= max_rows.load();
+}
+
+class Traits : public tensor_traits {
+  public:
+    bool work_size(int, const tensor *, size_t &) override {
+        return false;  // ggml reserves ny * K/256 * 292 bytes for Q8_K activations: exactly what these use
+    }
+
+    bool compute_forward(compute_params *p, tensor *op) override {
+        if (!takes(op)) return false;
+        const tensor *w = op->src[0], *x = op->src[1];
+        const int ny = (int)x->ne[1];
+        const int64_t k = w->ne[0];
+        if (p->wsize < speclm::Activations::bytes(ny, k)) return false;  // the same answer on every thread
+        speclm::Activations act = speclm::Activations::in(p->wdata, ny, k);
+        speclm::quantize_rows((const float *)x->data, x->nb[1] / sizeof(float), ny * p->ith / p->nth,
+                              ny * (p->ith + 1) / p->nth, act);
+        g.barrier(p->threadpool);
+        const int64_t rows = w->ne[1];
+        int64_t r0 = rows * p->ith / p->nth, r1 = rows * (p->ith + 1) / p->nth;
+        auto type = w->type == TYPE_Q4_K ? speclm::WeightType::Q4_K : speclm::WeightType::Q6_K;
+        speclm::gemm(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act, (float *)op->data,
+                     op->nb[1] / sizeof(float), isa);
+        if (p->ith == 0) handled.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+};
+
+Traits traits;
+
+class Extra : public extra_buffer_type {
+  public:
+    bool supports_op(void *, const tensor *op) override {
+        if (op->op != op_mul_mat || !is_ours(op->src[0])) return false;
+        // llama.cpp asks at load time with a zero-size buffer of this type: claim only while claiming
+        if (op->src[0]->buf->size == 0 && !claiming.load()) return false;
+        return shape_ok(op);
+    }
+
+    tensor_traits *get_tensor_traits(const tensor *op) override {
+        return op->op == op_mul_mat && is_ours(op->src[0]) ? &traits : nullptr;
+    }
+};
+
+const char *type_get_name(buffer_type *) { return "CPU_SPECLM"; }
+
+buffer *type_alloc_buffer(buffer_type *bt, size_t size) {
+    buffer *b = g.buft_alloc_buffer(g.cpu_buffer_type(), size);
+    if (b) b->buft = bt;  // ggml's CPU buffer (same layout, same accessors), labelled as ours
+    return b;
+}
+
+size_t type_get_alignment(buffer_type *) { return g.buft_get_alignment(g.cpu_buffer_type()); }
+
+std::string error;
+
+bool fail(const char *fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    error = buf;
+    return false;
+}
+
+template <typename F> bool find(void *lib, const char *name, F &fn) {
+    fn = reinterpret_cast<F>(dlsym(lib, name));
+    return fn != nullptr || fail("symbol %s not found in llama.cpp's libraries", name);
+}
+
+// The library llama_cpp loaded (by its soname, as libllama.so's dependencies name it, or its path).
+bool open_lib(const std::string &dir, const char *name, void *&lib) {
+    for (const std::string &path : {std::string(name) + ".0", dir + "/" + name + ".0", dir + "/" + name})
+        if ((lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) != nullptr) return true;
+    return fail("%s/%s is not loaded in this process (import llama_cpp first)", dir.c_str(), name);
+}
+
+bool resolve(const std::string &dir) {
+    void *base, *cpu;
+    return open_lib(dir, "libggml-base.so", base) && open_lib(dir, "libggml-cpu.so", cpu) &&
+           find(base, "ggml_backend_cpu_buffer_type", g.cpu_buffer_type) &&
+           find(base, "ggml_backend_buft_alloc_buffer", g.buft_alloc_buffer) &&
+           find(base, "ggml_backend_buft_get_alignment", g.buft_get_alignment) &&
+           find(base, "ggml_backend_buft_is_host", g.buft_is_host) &&
+           find(base, "ggml_backend_buffer_get_type", g.buffer_get_type) &&
+           find(base, "ggml_backend_buffer_get_size", g.buffer_get_size) &&
+           find(base, "ggml_backend_buffer_free", g.buffer_free) && find(cpu, "ggml_backend_cpu_reg", g.cpu_reg) &&
+           find(base, "ggml_backend_reg_dev_get", g.reg_dev_get) &&
+           find(base, "ggml_backend_reg_get_proc_address", g.reg_get_proc_address) &&
+           find(base, "ggml_op_name", g.op_name) && find(base, "ggml_type_name", g.type_name) &&
+           find(base, "ggml_row_size", g.row_size) && find(base, "ggml_init", g.init) &&
+           find(base, "ggml_free", g.free) && find(base, "ggml_new_tensor_2d", g.new_tensor_2d) &&
+           find(base, "ggml_mul_mat", g.mul_mat) && find(base, "ggml_get_data", g.get_data) &&
+           find(cpu, "ggml_barrier", g.barrier) &&
+           find(cpu, "_Z39ggml_backend_cpu_get_extra_buffer_typesv", g.extra_buffer_types);
+}
+
+// The layouts in ggml_abi.h against the loaded library: a tensor and a matmul made by ggml, a
+// buffer allocated by ggml, the type numbers by their names.
+bool abi_check() {
+    const char *names[][2] = {{"f32", nullptr}, {"q4_K", nullptr}, {"q6_K", nullptr}, {"q8_K", nullptr}};
+    const int types[] = {TYPE_F32, TYPE_Q4_K, TYPE_Q6_K, TYPE_Q8_K};
+    for (int i = 0; i < 4; ++i) {
+        const char *got = g.type_name(types[i]);
+        if (!got || std::strcmp(got, names[i][0]) != 0)
+            return fail("ggml type %d is %s, expected %s", types[i], got ? got : "?", names[i][0]);
+    }
+    if (g.row_size(TYPE_Q4_K, 256) != 144 || g.row_size(TYPE_Q6_K, 256) != 210 || g.row_size(TYPE_Q8_K, 256) != 292)
+        return fail("ggml's Q4_K/Q6_K/Q8_K block sizes are not 144/210/292 bytes");
+    void *ctx = g.init({1 << 20, nullptr, false});
+    if (!ctx) return fail("ggml_init failed");
+    tensor *a = g.new_tensor_2d(ctx, TYPE_Q4_K, 512, 3), *b = g.new_tensor_2d(ctx, TYPE_F32, 512, 2);
+    tensor *c = g.mul_mat(ctx, a, b);
+    bool ok = a->type == TYPE_Q4_K && a->ne[0] == 512 && a->ne[1] == 3 && a->nb[1] == 288 && a->buf == nullptr &&
+              a->data == g.get_data(a) && c->src[0] == a && c->src[1] == b && c->ne[0] == 3 && c->ne[1] == 2 &&
+              c->nb[1] == 12;
+    op_mul_mat = c->op;
+    const char *op = g.op_name(c->op);
+    g.free(ctx);
+    if (!ok) return fail("ggml_tensor's layout differs from the one speclm was written for");
+    if (!op || std::strcmp(op, "MUL_MAT") != 0) return fail("ggml_tensor's op field is not where speclm expects it");
+    buffer *buf = g.buft_alloc_buffer(g.cpu_buffer_type(), 4096);
+    if (!buf) return fail("ggml could not allocate a 4 KiB CPU buffer");
+    ok = buf->buft == g.buffer_get_type(buf) && buf->size == g.buffer_get_size(buf);
+    g.buffer_free(buf);
+    return ok || fail("ggml_backend_buffer's layout differs from the one speclm was written for");
+}
+
+}  // namespace
+
+extern "C" {
+
+// Put speclm's buffer type first in libggml-cpu's list of extra buffer types (lib_dir: the directory
+// of llama-cpp-python's libggml-*.so, already loaded). Must run before the process loads its first
+// model: llama.cpp copies the list then. Returns 0, or -1 with the reason in speclm_kernels_error().
+__attribute__((visibility("default"))) int speclm_kernels_register(const char *lib_dir) {
+    if (registered) return 0;
+    isa = speclm::best_isa();
+    if (isa == speclm::Isa::NONE) return fail("this CPU lacks AVX2 and FMA"), -1;
+    if (!resolve(lib_dir) || !abi_check()) return -1;
+    static Extra extra;
+    our_type.iface = {type_get_name, type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
+    our_type.device = g.reg_dev_get(g.cpu_reg(), 0);
+    our_type.context = &extra;
+    auto &list = g.extra_buffer_types();
+    list.insert(list.begin(), &our_type);
+    // llama.cpp reads the device's copy of the list, made once at the first model load
+    using get_extra = buffer_type **(*)(void *);
+    auto copy = reinterpret_cast<get_extra>(g.reg_get_proc_address(g.cpu_reg(), "ggml_backend_dev_get_extra_bufts"));
+    bool seen = false;
+    for (buffer_type **t = copy ? copy(our_type.device) : nullptr; t && *t; ++t) seen |= *t == &our_type;
+    if (!seen) {
+        list.erase(std::find(list.begin(), list.end(), &our_type));
+        return fail("llama.cpp already listed its buffer types (a model was loaded before speclm's kernels "
+                    "registered)"), -1;
+    }
+    registered = true;
+    return 0;
+}
+
+__attribute__((visibility("default"))) const char *speclm_kernels_error() { return error.c_str(); }
+
+// Whether models loaded from now on put their Q4_K/Q6_K matmul weights in speclm's buffer.
+__attribute__((visibility("default"))) void speclm_kernels_claim(int on) { claiming = on != 0; }
+
+// The matmuls speclm computes: those over min..max activation rows (others run ggml's kernels).
+__attribute__((visibility("default"))) void speclm_kernels_rows(int lo, int hi) {
+    min_rows = lo;
+    max_rows = hi;
+}
+
+// Which kernels run: 2 AVX-512 VNNI, 1 AVX2 (a CPU's best by default; forcing one it lacks is refused).
+__attribute__((visibility("default"))) int speclm_kernels_isa(int force) {
+    if (force > 0 && force <= (int)speclm::best_isa()) isa = (speclm::Isa)force;
+    return (int)isa;
+}
+
+__attribute__((visibility("default"))) long speclm_kernels_handled() { return handled.load(); }
+
+// One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K.
+// reps > 0: compute it that many times and return the fastest one's thread CPU time in ns (the
+// quantisation of x not counted), to compare kernels on a shared machine.
+__attribute__((visibility("default"))) double speclm_gemm(int type, const void *w, int64_t nrows, int64_t k,
+                                                         const float *x, int ny, float *out, int isa_, int reps) {
+    if (k % speclm::QK || ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || (type != 0 && type != 1)) return -1;
+    auto wt = (speclm::WeightType)type;
+    std::vector<uint8_t> mem(speclm::Activations::bytes(ny, k) + 64);
+    void *aligned = (void *)(((uintptr_t)mem.data() + 63) & ~(uintptr_t)63);
+    speclm::Activations act = speclm::Activations::in(aligned, ny, k);
+    speclm::quantize_rows(x, (size_t)k, 0, ny, act);
+    double best = 0;
+    for (int rep = 0; rep < (reps > 0 ? reps : 1); ++rep) {
+        timespec t0, t1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+        speclm::gemm(wt, (const uint8_t *)w, speclm::weight_block_bytes(wt) * (size_t)(k / speclm::QK), 0, nrows,
+                     act, out, (size_t)nrows, (speclm::Isa)isa_);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+        double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
+        best = rep == 0 || ns < best ? ns : best;
+    }
+    return reps > 0 ? best : 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,45 @@
+// Multi-row matmul of k-quant weights (Q4_K, Q6_K) with activation rows quantised to 8 bits
+// the way ggml's Q8_K is (one scale per 256 values, sums per 16): dst[j][r] = W[r] . x[j].
+// docs/kernels.md#speclms-kernels says how the loops are laid out and why.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace speclm {
+
+enum class WeightType : int { Q4_K = 0, Q6_K = 1 };
+enum class Isa : int { NONE = 0, AVX2 = 1, AVX512_VNNI = 2 };
+
+constexpr int QK = 256;  // values per block, weights and activations alike
+
+size_t weight_block_bytes(WeightType type);  // 144 (Q4_K), 210 (Q6_K)
+
+// The activations of `ny` rows of K values, quantised (Q8_K's rounding exactly), laid out block-major so
+// that one weight block meets every row's matching block in consecutive memory:
+// qs[b][j][256] int8, then bsums[b][j][16] int16, then d[b][j] float. Its size is ny * K/256 * 292
+// bytes, the size ggml reserves for Q8_K activations (so ggml's own work buffer holds it).
+struct Activations {
+    int ny = 0, nb = 0;
+    int8_t *qs = nullptr;
+    int16_t *bsums = nullptr;
+    float *d = nullptr;
+
+    static size_t bytes(int ny, int64_t k) { return (size_t)ny * (size_t)(k / QK) * (QK + 32 + 4); }
+    static Activations in(void *mem, int ny, int64_t k);  // mem: 64-byte aligned
+    const int8_t *row_qs(int b, int j) const { return qs + ((size_t)b * ny + j) * QK; }
+    const int16_t *row_bsums(int b, int j) const { return bsums + ((size_t)b * ny + j) * 16; }
+    float row_d(int b, int j) const { return d[(size_t)b * ny + j]; }
+};
+
+// Quantise rows [j0, j1) of x (row j at x + j * x_stride floats) into `act`.
+void quantize_rows(const float *x, size_t x_stride, int j0, int j1, Activations &act);
+
+// dst[j * dst_stride + r] = W[r] . x[j] for weight rows r in [r0, r1) and all act.ny rows; W's row r
+// starts at w + r * w_row_bytes. `isa` must be one the CPU has (best_isa()).
+void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,
+          float *dst, size_t dst_stride, Isa isa);
+
+Isa best_isa();  // the widest kernel this CPU can run (NONE: no AVX2+FMA+F16C)
+
+}  // namespace speclm
