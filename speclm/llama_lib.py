@@ -7,7 +7,9 @@ from __future__ import annotations
 import ctypes
 import os
 from collections import deque
+from pathlib import Path
 
+from . import native
 from .errors import ModelError
 
 try:
@@ -41,4 +43,5 @@ def init_once() -> None:
     if not _initialised:
         L.llama_log_set(_capture_log, ctypes.c_void_p())
         L.llama_backend_init()
+        native.register(Path(L.__file__).parent / "lib")  # before any model load; never raises
         _initialised = True

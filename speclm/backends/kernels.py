@@ -3,8 +3,9 @@
 A configuration is two switches (docs/kernels.md):
 - buffers: where llama.cpp puts the weights. "amx" (the AMX buffer type, Intel
   Sapphire Rapids and later, compiled in when the build's CPU has AMX),
-  "repack" (CPU_REPACK: weights re-laid out for multi-row kernels) or "plain"
-  (`use_extra_bufts = False`: the plain vec_dot kernels).
+  "repack" (CPU_REPACK: weights re-laid out for multi-row kernels), "speclm"
+  (speclm's own multi-row kernels for Q4_K and Q6_K weights, the rest repacked:
+  speclm.native) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
 - tiled: llama.cpp's tiled multi-row matmul for weights that are not repacked
   (`GGML_CPU_TILED_MM`, used at 8 rows and more).
 
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidRequestError
 
-BUFFERS = ("amx", "repack", "plain")
+BUFFERS = ("amx", "repack", "speclm", "plain")
 TILED_ENV = "GGML_CPU_TILED_MM"
 KERNELS_ENV = "SPECLM_KERNELS"  # the user's choice when none is passed (auto, a family or a configuration)
 USER_TILED = os.environ.get(TILED_ENV)  # the user's own setting, read before speclm sets it
@@ -52,6 +53,11 @@ class KernelConfig:
     @property
     def use_extra_bufts(self) -> bool:
         return self.buffers != "plain"
+
+    @property
+    def claims(self) -> bool:
+        """Whether speclm's own kernels take this model's Q4_K/Q6_K matmul weights."""
+        return self.buffers == "speclm"
 
     def __str__(self) -> str:
         return self.name
@@ -89,10 +95,12 @@ class BuildInfo:
     system_info: str
     amx: bool  # the AMX buffer type is compiled in (AMX_INT8 in the build's features)
     repack: bool
+    speclm: str | None = None  # why speclm's own kernels cannot run in this process (None: they can)
 
     def configs(self) -> list[KernelConfig]:
         """Every configuration this build can realise, llama.cpp's default first."""
-        families = [b for b, ok in (("amx", self.amx), ("repack", self.repack), ("plain", True)) if ok]
+        families = [b for b, ok in (("amx", self.amx), ("repack", self.repack), ("speclm", self.speclm is None),
+                                    ("plain", True)) if ok]
         return [KernelConfig(b, t) for b in families for t in (True, False)]
 
     def unavailable(self, family: str) -> str | None:
@@ -102,15 +110,21 @@ class BuildInfo:
                     f"{self.system_info or 'unknown'}); AMX needs an Intel CPU with AMX and a build made on it")
         if family == "repack" and not self.repack:
             return "this llama.cpp build has no CPU_REPACK kernels"
+        if family == "speclm" and self.speclm is not None:
+            return self.speclm
         return None
 
 
 @functools.cache
 def build_info() -> BuildInfo:
-    import llama_cpp as L
+    from .. import native
+    from ..llama_lib import L, init_once
+    init_once()  # registers speclm's kernels, if they can run, before any model loads
     text = L.llama_print_system_info().decode("utf-8", "replace").strip()
     flags = dict(re.findall(r"(\w+) = (\d+)", text))
-    return BuildInfo(text, flags.get("AMX_INT8") == "1", flags.get("REPACK") == "1")
+    ours = native.status()
+    return BuildInfo(text, flags.get("AMX_INT8") == "1", flags.get("REPACK") == "1",
+                     None if ours.available else ours.reason)
 
 
 # ---- process-wide settings ----------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import native
 from ..errors import BackendError, InvalidRequestError, ModelError
 from ..llama_lib import L, init_once, last_error, recent_errors
 from .base import KV_SEQUENCES, N_CTX, Backend
@@ -79,7 +80,8 @@ class LlamaCppBackend(Backend):
         if kernels is not None:
             mparams.use_extra_bufts = kernels.use_extra_bufts
         recent_errors.clear()
-        self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
+        with native.claiming(kernels is not None and kernels.claims):
+            self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelError(f"llama.cpp could not load {self.path}: {last_error()}; the file is corrupt, "
                              f"incomplete or not a supported GGUF model: re-download or re-convert it "

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import native
 from ..errors import BackendError, InvalidRequestError, ModelError, SpeclmError, TokenizerMismatchError
 from ..machine import busy_warning, cpu_flags, cpu_model
 from . import kernels as K
@@ -116,6 +117,8 @@ def machine_key() -> str:
     lib = Path(llama_cpp.__file__).parent / "lib"
     libs = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in lib.glob("*.so*") if p.is_file()) \
         if lib.is_dir() else []
+    ours = native.library_path()
+    libs += [(ours.name, ours.stat().st_size, ours.stat().st_mtime_ns)] if ours is not None else []
     facts = {"cpu": cpu_model(), "flags": cpu_flags(), "llama_cpp": getattr(llama_cpp, "__version__", None),
              "libs": libs, "system_info": K.build_info().system_info, "probe": PROBE_VERSION}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]

@@ -106,7 +106,13 @@ def diagnose(target: str | None = None, threads: int | None = None, request: str
     return {"cpu": cpu_model(), "isa": list(isa_flags()), "llama_cpp": _llama_cpp_version(),
             "system_info": build.system_info, "amx_in_build": build.amx, "verdict_file": str(probe.cache_path()),
             "machine_key": probe.machine_key(), "threads": threads, "models": models, "variants": variants,
-            "kernels_env": K.check_request(None)}
+            "kernels_env": K.check_request(None), "speclm_kernels": _native()}
+
+
+def _native() -> dict:
+    from .. import native
+    st = native.status()
+    return {"available": st.available, "isa": st.isa, "detail": st.reason}
 
 
 def _llama_cpp_version() -> str | None:
@@ -118,6 +124,7 @@ def render(d: dict) -> str:
     lines = [f"CPU          {d['cpu']}",
              f"ISA          {' '.join(d['isa']) or '-'}",
              f"llama.cpp    llama-cpp-python {d['llama_cpp']}; {d['system_info']}",
+             f"speclm       {'kernels ' + d['speclm_kernels']['detail'] if d['speclm_kernels']['available'] else 'kernels off: ' + d['speclm_kernels']['detail']}",
              f"verdicts     {d['verdict_file']} (machine key {d['machine_key']})"]
     for m in d["models"] + d["variants"]:
         lines += ["", f"{m['name']} ({m['file']})",
