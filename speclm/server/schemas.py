@@ -48,6 +48,9 @@ _CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")  # a 400 on /v1/com
 # clients that retry (openai's) back off further on their own.
 RETRY_AFTER_S = 1
 
+# The most prompts one completions request may hold (each is a request of its own in the engine's queue).
+MAX_PROMPTS = 64
+
 
 class ParamError(InvalidRequestError):
     """An InvalidRequestError that names the offending request field."""
@@ -295,7 +298,7 @@ class PredictionContent(BaseModel):
 
 
 class CompletionRequest(_GenerationRequest):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     prediction: str | PredictionContent | None = None  # speclm: Predicted Outputs on completions too
@@ -320,15 +323,25 @@ class CompletionRequest(_GenerationRequest):
         """max_tokens 0 with echo and logprobs: score the prompt, generate nothing."""
         return self.max_tokens == 0 and self.echo and self.logprobs is not None
 
-    def prompt_ids(self, llm: LLM) -> list[int]:
-        """Text (or one-string list) tokenized as `llm.encode` does; token ids pass through."""
+    def prompts(self) -> list[CompletionRequest]:
+        """One request per prompt, each with a single prompt (text or token ids): OpenAI's
+        four forms (a string, strings, token ids, token-id lists) answered choice by choice."""
         prompt = self.prompt
-        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], str)):
-            if len(prompt) != 1:
-                raise ParamError("prompt must be a string (or a list of exactly one string; batched "
-                                 f"prompts are not supported), got a list of {len(prompt)}", "prompt")
-            prompt = prompt[0]
-        return llm.encode(prompt)  # empty text: InvalidRequestError
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [self]
+        if not prompt:
+            raise ParamError("prompt is an empty list: give a string, a list of strings, a list of token ids "
+                             "or a list of token-id lists", "prompt")
+        if len(prompt) > MAX_PROMPTS:
+            raise ParamError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}: split them over "
+                             "several requests", "prompt")
+        return [self.model_copy(update={"prompt": p}) for p in prompt]
+
+    def prompt_ids(self, llm: LLM) -> list[int]:
+        """Text tokenized as `llm.encode` does; token ids pass through (one prompt: `prompts()`)."""
+        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int):
+            raise ParamError("several prompts are answered one choice each: split them with prompts()", "prompt")
+        return llm.encode(self.prompt)  # empty text or ids: InvalidRequestError
 
 
 class ContentPart(BaseModel):
