@@ -186,7 +186,7 @@ def _served(handle: Handle) -> dict[str, str]:
 async def _events(front: Frontend, handle: Handle, rid: str, chat: bool, deadline: float,
                   include_usage: bool, tools: set[str] | None = None) -> AsyncIterator[str]:
     """The SSE events of one request; with `tools`, text from the first tool-call tag on is
-    held back and sent as tool_calls deltas once the answer ends (tools.CallStream)."""
+    sent as tool_calls deltas as the calls are written (tools.CallStream)."""
     loop, created = asyncio.get_running_loop(), int(time.time())
     calls = CallStream(tools) if tools else None
 
@@ -202,18 +202,20 @@ async def _events(front: Frontend, handle: Handle, rid: str, chat: bool, deadlin
                 text = await asyncio.wait_for(deltas.__anext__(), max(0.0, deadline - loop.time()))
             except StopAsyncIteration:
                 break
-            text = calls.feed(text) if calls else text
+            text, call_deltas = calls.feed(text) if calls else (text, [])
             if text or not calls:
                 yield chunk(text=text)
+            if call_deltas:
+                yield chunk(tool_calls=call_deltas)
         result: GenerationResult = await handle.aresult()
         if result.finish_reason == "cancelled":
             yield _sse(cancelled().body)
         else:  # the logprobs of every streamed token ride on the last chunk (docs/server.md#logprobs)
-            rest, parsed = calls.finish() if calls else ("", [])
+            rest, call_deltas, parsed = calls.finish() if calls else ("", [], [])
             if rest:
                 yield chunk(text=rest)
-            if parsed:
-                yield chunk(tool_calls=parsed)
+            if call_deltas:
+                yield chunk(tool_calls=call_deltas)
             reason = chat_finish_reason(result, parsed) if chat else result.finish_reason
             yield chunk(finish_reason=reason, logprobs=result_logprobs(result, chat))
             if include_usage:

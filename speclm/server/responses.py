@@ -181,8 +181,8 @@ def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None 
         delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
-        if tool_calls:
-            delta["tool_calls"] = [{"index": i, **c.as_dict()} for i, c in enumerate(tool_calls)]
+        if tool_calls:  # OpenAI's deltas: {"index", "id", "type", "function": {"name", "arguments"}}, then
+            delta["tool_calls"] = tool_calls  # {"index", "function": {"arguments": more}}
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
