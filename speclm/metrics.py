@@ -189,6 +189,7 @@ class GenerationResult:
     cached_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when SamplingParams.logprobs asked
     prompt_logprobs: list[TokenLogprob] | None = None  # per prompt token (the first's logprob: None)
+    eos_logprob: TokenLogprob | None = None  # logprobs asked and it ended on end-of-sequence: that token's entry
     prediction: PredictionCounts | None = None  # the request's prediction, used and unused
     forced_tokens: int | None = None  # a constrained request: emitted tokens drafted because its grammar forced them
 
@@ -207,6 +208,7 @@ class GenerationResult:
             **({"logprobs": [t.to_dict() for t in self.logprobs]} if self.logprobs is not None else {}),
             **({"prompt_logprobs": [t.to_dict() for t in self.prompt_logprobs]}
                if self.prompt_logprobs is not None else {}),
+            **({"eos_logprob": self.eos_logprob.to_dict()} if self.eos_logprob is not None else {}),
             **({"prediction": asdict(self.prediction)} if self.prediction is not None else {}),
             **({"forced_tokens": self.forced_tokens} if self.forced_tokens is not None else {}),
             "rounds": [r.to_dict() for r in self.rounds],

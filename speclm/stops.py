@@ -24,6 +24,7 @@ class StopChecker:
         self._bytes = b""
         self._released = 0  # chars of the decoded text already released
         self.finished: str | None = None  # "stop" | "length"
+        self.eos_token: int | None = None  # the end-of-sequence token that finished it (in no text, no token_ids)
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
         self.text = ""
 
@@ -32,6 +33,7 @@ class StopChecker:
         if self.finished:
             return ""
         if token in self.eos_ids:
+            self.eos_token = token
             return self._finish("stop")
         self.token_ids.append(token)
         self._bytes += self.backend.token_bytes(token)

@@ -91,6 +91,7 @@ class ServerState:
         """Validate, tokenize and enqueue (blocking: run it in a worker thread);
         the request drafts from `tenant`'s cache scope."""
         req.unsupported()
+        req.bind(self.llm)
         limit, asked, name = self.config.max_tokens_limit, req.requested_max_tokens(), req.max_tokens_param
         least = 0 if req.scores_only() else 1
         if asked is not None and not least <= asked <= limit:

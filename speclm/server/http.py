@@ -102,11 +102,12 @@ class _EventStream(StreamingResponse):
             self._front.account(self._handle)
 
 
-async def _cancel_on_disconnect(request: Request, handle: Handle) -> None:
-    """Cancel `handle` if the client hangs up before its (non-streamed) answer."""
+async def _cancel_on_disconnect(request: Request, handles: list[Handle]) -> None:
+    """Cancel `handles` if the client hangs up before its (non-streamed) answer."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    handle.cancel()
+    for handle in handles:
+        handle.cancel()
 
 
 def timed_out(config: ServerConfig) -> APIError:
@@ -120,31 +121,62 @@ def cancelled() -> APIError:
 
 
 async def answer(front: Frontend, req: _GenerationRequest, request: Request) -> Response:
-    """Answer one completion request (JSON, or SSE when req.stream)."""
+    """Answer one completion request (JSON, or SSE when req.stream); a completions
+    request with several prompts is answered one choice per prompt, in order."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + front.config.request_timeout_s
     if front.closing:
         raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
     check_model(front.model_id, req.model)
-    handle = await front.open(req, tenant_of(request))
+    try:
+        parts = req.prompts() if isinstance(req, CompletionRequest) else [req]
+    except Exception as exc:
+        raise api_error(exc) from exc
+    if req.stream and len(parts) > 1:
+        raise APIError(400, f"stream: true serves one prompt per request, got {len(parts)}: send them "
+                       "unstreamed, or one request each", param="stream")
+    handles = await _open_all(front, parts, tenant_of(request))
     chat = isinstance(req, ChatCompletionRequest)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     tools = req.tool_names() if req.calls_tools() else None  # the functions the answer may call
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return _EventStream(_events(front, handle, rid, chat, deadline, usage, tools), handle, front)
-    watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+        return _EventStream(_events(front, handles[0], rid, chat, deadline, usage, tools), handles[0], front)
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, handles))
     try:
-        result = await asyncio.wait_for(handle.aresult(), max(0.0, deadline - loop.time()))
+        results = await asyncio.wait_for(asyncio.gather(*(h.aresult() for h in handles)),
+                                         max(0.0, deadline - loop.time()))
     except BaseException as exc:
-        handle.cancel()
+        for h in handles:
+            h.cancel()
         raise timed_out(front.config) if isinstance(exc, TimeoutError) else exc
     finally:
         watcher.cancel()
-        front.account(handle)
-    if result.finish_reason == "cancelled":
+        for h in handles:
+            front.account(h)
+    if any(r.finish_reason == "cancelled" for r in results):
         raise cancelled()
-    return JSONResponse(response_body(rid, front.model_id, result, chat, tools), headers=_served(handle))
+    return JSONResponse(response_body(rid, front.model_id, results, chat, tools), headers=_served(handles[0]))
+
+
+async def _open_all(front: Frontend, parts: list[_GenerationRequest], tenant: str | None) -> list[Handle]:
+    """Open each part; if one is refused, the ones opened are cancelled and its error raised
+    (several prompts: the message says which)."""
+    handles: list[Handle] = []
+    try:
+        for i, part in enumerate(parts):
+            try:
+                handles.append(await front.open(part, tenant))
+            except APIError as exc:
+                if len(parts) > 1:
+                    exc.body["error"]["message"] = f"prompt[{i}]: {exc.body['error']['message']}"
+                raise
+    except BaseException:
+        for h in handles:
+            h.cancel()
+            front.account(h)
+        raise
+    return handles
 
 
 def _served(handle: Handle) -> dict[str, str]:
@@ -154,7 +186,7 @@ def _served(handle: Handle) -> dict[str, str]:
 async def _events(front: Frontend, handle: Handle, rid: str, chat: bool, deadline: float,
                   include_usage: bool, tools: set[str] | None = None) -> AsyncIterator[str]:
     """The SSE events of one request; with `tools`, text from the first tool-call tag on is
-    held back and sent as tool_calls deltas once the answer ends (tools.CallStream)."""
+    sent as tool_calls deltas as the calls are written (tools.CallStream)."""
     loop, created = asyncio.get_running_loop(), int(time.time())
     calls = CallStream(tools) if tools else None
 
@@ -170,18 +202,20 @@ async def _events(front: Frontend, handle: Handle, rid: str, chat: bool, deadlin
                 text = await asyncio.wait_for(deltas.__anext__(), max(0.0, deadline - loop.time()))
             except StopAsyncIteration:
                 break
-            text = calls.feed(text) if calls else text
+            text, call_deltas = calls.feed(text) if calls else (text, [])
             if text or not calls:
                 yield chunk(text=text)
+            if call_deltas:
+                yield chunk(tool_calls=call_deltas)
         result: GenerationResult = await handle.aresult()
         if result.finish_reason == "cancelled":
             yield _sse(cancelled().body)
         else:  # the logprobs of every streamed token ride on the last chunk (docs/server.md#logprobs)
-            rest, parsed = calls.finish() if calls else ("", [])
+            rest, call_deltas, parsed = calls.finish() if calls else ("", [], [])
             if rest:
                 yield chunk(text=rest)
-            if parsed:
-                yield chunk(tool_calls=parsed)
+            if call_deltas:
+                yield chunk(tool_calls=call_deltas)
             reason = chat_finish_reason(result, parsed) if chat else result.finish_reason
             yield chunk(finish_reason=reason, logprobs=result_logprobs(result, chat))
             if include_usage:

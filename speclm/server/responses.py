@@ -6,11 +6,12 @@ its calls parsed into tool_calls (tools.py)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..metrics import GenerationResult, TokenLogprob
+from ..metrics import GenerationResult, TokenLogprob, summarize
 from .tools import parse_calls
 
 
@@ -43,15 +44,28 @@ class Usage(BaseModel):
 
     @classmethod
     def of(cls, r: GenerationResult) -> Usage:
-        s = r.summary
-        n = len(r.token_ids)
-        details = None if r.prediction is None else CompletionTokensDetails(
-            accepted_prediction_tokens=r.prediction.accepted, rejected_prediction_tokens=r.prediction.rejected)
-        return cls(prompt_tokens=r.prompt_tokens, completion_tokens=n, total_tokens=r.prompt_tokens + n,
-                   prompt_tokens_details=PromptTokensDetails(cached_tokens=r.cached_prompt_tokens),
+        return cls.of_all([r])
+
+    @classmethod
+    def of_all(cls, results: list[GenerationResult]) -> Usage:
+        """The usage of one request's results (several prompts: their sums; the speculative
+        counters summarised over all their rounds)."""
+        r0 = results[0]
+        n = sum(len(r.token_ids) for r in results)
+        prompt = sum(r.prompt_tokens for r in results)
+        s = r0.summary if len(results) == 1 else summarize(
+            [rd for r in results for rd in r.rounds], n, max(r.summary.wall_ms if r.summary else 0.0 for r in results),
+            None)
+        predictions = [r.prediction for r in results if r.prediction is not None]
+        details = None if not predictions else CompletionTokensDetails(
+            accepted_prediction_tokens=sum(p.accepted for p in predictions),
+            rejected_prediction_tokens=sum(p.rejected for p in predictions))
+        return cls(prompt_tokens=prompt, completion_tokens=n, total_tokens=prompt + n,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(r.cached_prompt_tokens
+                                                                               for r in results)),
                    completion_tokens_details=details,
                    speculative=SpeculativeUsage(
-                       method=r.method, k=r.k, acceptance_rate=s.acceptance_rate if s else None,
+                       method=r0.method, k=r0.k, acceptance_rate=s.acceptance_rate if s else None,
                        mean_acceptance_length=s.mean_acceptance_length if s else None,
                        drafted=s.proposed if s else 0, accepted=s.accepted if s else 0,
                        cache_hit_rate=s.cache_hit_rate if s else None))
@@ -118,12 +132,14 @@ class ChatCompletionResponse(_Response):
 
 def result_logprobs(r: GenerationResult, chat: bool) -> dict | None:
     """The choice's `logprobs` for a result: generated tokens (chat), or with echo the
-    prompt's tokens before them (completions); None when none were asked."""
+    prompt's tokens before them (completions), and there the end-of-sequence token the
+    completion ended on last, as OpenAI lists it (its text empty); None when none were asked."""
     if chat:
         return None if r.logprobs is None else chat_logprobs(r.logprobs)
     if r.logprobs is None and r.prompt_logprobs is None:
         return None
-    return completion_logprobs([*(r.prompt_logprobs or []), *(r.logprobs or [])])
+    end = [] if r.eos_logprob is None else [replace(r.eos_logprob, piece=b"")]
+    return completion_logprobs([*(r.prompt_logprobs or []), *(r.logprobs or []), *end])
 
 
 def echoed(r: GenerationResult) -> str:
@@ -136,22 +152,26 @@ def chat_finish_reason(r: GenerationResult, calls: list) -> str:
     return "tool_calls" if calls and r.finish_reason == "stop" else r.finish_reason
 
 
-def response_body(rid: str, model: str, r: GenerationResult, chat: bool, tools: set[str] | None = None) -> dict:
-    """The non-streaming response for a finished result (a completion that scored its
-    prompt, echo, starts with the prompt's text); with `tools` (the functions a chat
+def response_body(rid: str, model: str, results: list[GenerationResult], chat: bool,
+                  tools: set[str] | None = None) -> dict:
+    """The non-streaming response for finished results, one choice each in order (a chat
+    request has one; a completions request one per prompt); a completion that scored its
+    prompt, echo, starts with the prompt's text; with `tools` (the functions a chat
     answer may call) its calls are parsed into tool_calls."""
     if chat:
+        r = results[0]
         content, calls = parse_calls(r.text, tools) if tools else (r.text, [])
         message = AssistantMessage(content=content, tool_calls=[c.as_dict() for c in calls] or None)
         return ChatCompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[ChatChoice(
             message=message, logprobs=result_logprobs(r, chat), finish_reason=chat_finish_reason(r, calls))]).model_dump()
-    return CompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[CompletionChoice(
-        text=echoed(r) + r.text, logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)]).model_dump()
+    return CompletionResponse(id=rid, model=model, usage=Usage.of_all(results), choices=[CompletionChoice(
+        index=i, text=echoed(r) + r.text, logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)
+        for i, r in enumerate(results)]).model_dump()
 
 
 def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None = None,
                role: bool = False, finish_reason: str | None = None,
-               usage: Usage | None = None, logprobs: dict | None = None, tool_calls: list | None = None) -> dict:
+               usage: Usage | None = None, logprobs: dict | None = None, tool_calls: list[dict] | None = None) -> dict:
     """One streaming chunk in OpenAI's format (usage given: the choices-less usage chunk)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     body: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model}
@@ -161,8 +181,8 @@ def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None 
         delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
-        if tool_calls:
-            delta["tool_calls"] = [{"index": i, **c.as_dict()} for i, c in enumerate(tool_calls)]
+        if tool_calls:  # OpenAI's deltas: {"index", "id", "type", "function": {"name", "arguments"}}, then
+            delta["tool_calls"] = tool_calls  # {"index", "function": {"arguments": more}}
         choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
         choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}

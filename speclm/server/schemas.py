@@ -17,7 +17,7 @@ import json
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 from starlette.requests import ClientDisconnect
 
 from ..api import SpecConfig
@@ -27,6 +27,7 @@ from ..options import options_of
 from ..sampling import MAX_LOGPROBS, SamplingParams
 from ..speculative.config import spec_options
 from ..speculative.methods import get_method
+from .generic_tools import generic_messages
 from .structured import ResponseFormat
 from .tools import ToolCall, ToolChoice, ToolDef, bad, call_grammar, check_choice, tools_supported
 
@@ -47,6 +48,9 @@ _CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")  # a 400 on /v1/com
 # short; a longer value would leave the server idle while clients sleep, and
 # clients that retry (openai's) back off further on their own.
 RETRY_AFTER_S = 1
+
+# The most prompts one completions request may hold (each is a request of its own in the engine's queue).
+MAX_PROMPTS = 64
 
 
 class ParamError(InvalidRequestError):
@@ -224,6 +228,9 @@ class _RequestBase(BaseModel):
                              "speculative")
         return dataclasses.replace(spec, shared=True)
 
+    def bind(self, llm: LLM) -> None:
+        """Learn what the request's fields mean on this server's target (before grammar())."""
+
     def prompt_ids(self, llm: LLM) -> list[int]:
         raise NotImplementedError
 
@@ -295,7 +302,7 @@ class PredictionContent(BaseModel):
 
 
 class CompletionRequest(_GenerationRequest):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     prediction: str | PredictionContent | None = None  # speclm: Predicted Outputs on completions too
@@ -320,15 +327,25 @@ class CompletionRequest(_GenerationRequest):
         """max_tokens 0 with echo and logprobs: score the prompt, generate nothing."""
         return self.max_tokens == 0 and self.echo and self.logprobs is not None
 
-    def prompt_ids(self, llm: LLM) -> list[int]:
-        """Text (or one-string list) tokenized as `llm.encode` does; token ids pass through."""
+    def prompts(self) -> list[CompletionRequest]:
+        """One request per prompt, each with a single prompt (text or token ids): OpenAI's
+        four forms (a string, strings, token ids, token-id lists) answered choice by choice."""
         prompt = self.prompt
-        if isinstance(prompt, list) and (not prompt or isinstance(prompt[0], str)):
-            if len(prompt) != 1:
-                raise ParamError("prompt must be a string (or a list of exactly one string; batched "
-                                 f"prompts are not supported), got a list of {len(prompt)}", "prompt")
-            prompt = prompt[0]
-        return llm.encode(prompt)  # empty text: InvalidRequestError
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [self]
+        if not prompt:
+            raise ParamError("prompt is an empty list: give a string, a list of strings, a list of token ids "
+                             "or a list of token-id lists", "prompt")
+        if len(prompt) > MAX_PROMPTS:
+            raise ParamError(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}: split them over "
+                             "several requests", "prompt")
+        return [self.model_copy(update={"prompt": p}) for p in prompt]
+
+    def prompt_ids(self, llm: LLM) -> list[int]:
+        """Text tokenized as `llm.encode` does; token ids pass through (one prompt: `prompts()`)."""
+        if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int):
+            raise ParamError("several prompts are answered one choice each: split them with prompts()", "prompt")
+        return llm.encode(self.prompt)  # empty text or ids: InvalidRequestError
 
 
 class ContentPart(BaseModel):
@@ -379,6 +396,12 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[ToolDef] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    _generic: bool = PrivateAttr(False)  # tools in the generic format (generic_tools.py): see bind
+
+    def bind(self, llm: LLM) -> None:
+        """Read the target's chat template: without a tool-call format of its own, calls
+        use the generic one (generic_tools.py)."""
+        self._generic = not tools_supported(llm.target.chat_template() or "")
 
     @property
     def grammar_param(self) -> str:
@@ -399,8 +422,8 @@ class ChatCompletionRequest(_GenerationRequest):
             raise ParamError("tool_choice needs tools: declare the functions it may call", "tool_choice")
         check_choice(self.tools or [], self.tool_choice)
         answer = super().grammar()
-        return call_grammar(self.tools, self.tool_choice, self.parallel_tool_calls, answer) if self.tools \
-            else answer
+        return call_grammar(self.tools, self.tool_choice, self.parallel_tool_calls, answer,
+                            tokens=not self._generic) if self.tools else answer
 
     def logprob_fields(self) -> dict[str, int | None]:
         if self.top_logprobs is not None and not self.logprobs:
@@ -417,14 +440,13 @@ class ChatCompletionRequest(_GenerationRequest):
         if not any(m["content"].strip() or m.get("tool_calls") for m in messages):
             raise ParamError("the messages are empty: give some text", "messages")
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
-        if tools and not tools_supported(llm.target.chat_template() or ""):
-            raise bad(f"the chat template of {llm.target.name} has no tool-call format speclm can parse "
-                      "(Hermes/Qwen2.5's <tool_call>): drop tools, or serve a model whose template has it", "tools")
         for where, value in [("tools", tools), *[(f"messages[{i}].tool_calls", m.get("tool_calls"))
                                                  for i, m in enumerate(messages)]]:
             if value and llm.target.holds_control_text(json.dumps(value, ensure_ascii=False)):
                 raise bad(f"{where} spells a control token of the model's vocabulary; such text would become "
                           "the token in the prompt: remove it", where.split("[")[0])
+        if not tools_supported(llm.target.chat_template() or ""):
+            return llm.target.tokenize_chat(generic_messages(messages, tools if self.calls_tools() else []))
         return llm.target.tokenize_chat(messages, tools or None)
 
     def requested_max_tokens(self) -> int | None:

@@ -195,6 +195,7 @@ class Generation:
         self.prompt_logprobs: list[TokenLogprob] | None = None if params.prompt_logprobs is None else \
             [TokenLogprob(prompt_ids[0], None, target.token_bytes(prompt_ids[0]))]
         self._raw_rows: np.ndarray | None = None  # the last scored round's raw logits (logprobs asked)
+        self.eos_logprob: TokenLogprob | None = None  # the end-of-sequence token it ended on (logprobs asked)
         self.stops = StopChecker(target, params, eos_ids)
         self.rounds: list[RoundRecord] = []
         self.seq: int | None = None
@@ -375,6 +376,9 @@ class Generation:
             raw = self._raw_rows
             self.logprobs += [token_logprob(raw[i], t, self.params.logprobs, self.target.token_bytes)
                               for i, t in enumerate(self.stops.token_ids[n_before:])]
+            if self.stops.eos_token is not None:  # the row after the delivered tokens chose it
+                self.eos_logprob = token_logprob(raw[delivered], self.stops.eos_token, self.params.logprobs,
+                                                 self.target.token_bytes)
         t3 = clock_ms()
         if self.ttft_ms is None:
             self.ttft_ms = t3 - self.t_start
@@ -418,6 +422,7 @@ class Generation:
                               self.t_begin - self.t_start),
             target=self.target.name, draft=None if self.proposer is None else self.proposer.name,
             cached_prompt_tokens=self.cached_tokens, logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs,
+            eos_logprob=self.eos_logprob,
             prediction=None if self.prediction is None else prediction_counts(self.prediction, s.token_ids),
             forced_tokens=None if self.grammar is None else self.grammar.forced_emitted)
 
