@@ -76,7 +76,7 @@ def check_request(request: str | None) -> str:
     """The kernels request to honour: `request`, else $SPECLM_KERNELS, else auto; validated."""
     value = request if request is not None else os.environ.get(KERNELS_ENV) or "auto"
     if not isinstance(value, str):
-        raise InvalidRequestError(f"kernels must be a string (auto, amx, repack, plain), got {value!r}")
+        raise InvalidRequestError(f"kernels must be a string (auto, amx, repack, speclm, plain), got {value!r}")
     value = value.strip().lower()
     if value != "auto":
         parse_config(value)

@@ -27,9 +27,9 @@ class LoadConfig:
                                    kind=int, flag="--threads")
     kernels: str | None = option(None, "llama.cpp kernels: auto (default; $SPECLM_KERNELS overrides) proves "
                                  "each configuration on this machine in a child process once and takes the "
-                                 "fastest that works; a family (amx, repack, plain) or a configuration (e.g. "
+                                 "fastest that works; a family (amx, repack, speclm, plain) or a configuration (e.g. "
                                  "repack+tiled) forces it (`speclm doctor` shows the verdicts)",
-                                 kind=check_request, metavar="auto|amx|repack|plain")
+                                 kind=check_request, metavar="auto|amx|repack|speclm|plain")
 
 
 def load_backend(model: str | Backend, n_ctx: int = N_CTX, n_threads: int | None = None,
