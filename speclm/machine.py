@@ -1,13 +1,17 @@
 """Facts about this machine that every layer may record: the CPU model and the
 instruction sets that decide which llama.cpp kernels can run (docs/kernels.md);
-and the two calls to the C library a long-lived process needs (`reuse_freed_buffers`,
+how busy other processes keep the CPUs now (`busy_cpus`, `busy_warning`); and the
+two calls to the C library a long-lived process needs (`reuse_freed_buffers`,
 `return_freed_memory`)."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ISA_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4", "bmi2")  # the flags kernel choices depend on
@@ -42,12 +46,47 @@ def isa_flags() -> tuple[str, ...]:
     return tuple(f for f in cpu_flags() if f.startswith(ISA_PREFIXES))
 
 
-def busy_warning(load1: float, cores: int, fix: str = "rerun on a quiet machine") -> str | None:
-    """A loud warning when the 1-minute load exceeds half the cores, else None: llama.cpp's
-    threads wait for each other, so anything else running inflates every timing."""
-    if load1 > cores * 0.5:
-        return (f"MACHINE BUSY: load average {load1:.2f} on {cores} cores (> {cores * 0.5:.1f}) at start; "
-                f"llama.cpp threads wait for each other, so timings are unreliable: {fix}")
+SAMPLE_S = 1.0  # how long `busy_cpus` watches the CPUs
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, all) clock ticks every CPU has spent since boot, from /proc/stat's first
+    line (idle and iowait are not busy); None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def busy_cpus(seconds: float = SAMPLE_S, ticks: Callable[[], tuple[int, int] | None] = _cpu_ticks,
+              own_cpu: Callable[[], float] = time.process_time, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> float:
+    """How many CPUs other processes keep busy now: the busy share of every CPU's time
+    over a `seconds` sample (/proc/stat), times the cores, less this process's own CPU
+    time in it (all its threads). Not the load average, which remembers the last
+    minute: a compile that just ended would read as busy for a minute after it. Where
+    there is no /proc/stat (not Linux), the 1-minute load average."""
+    before, own, wall = ticks(), own_cpu(), clock()
+    if before is None:
+        return os.getloadavg()[0]
+    sleep(seconds)
+    after = ticks()
+    own, wall = own_cpu() - own, max(clock() - wall, seconds)
+    busy, total = after[0] - before[0], after[1] - before[1]
+    if total <= 0:
+        return 0.0
+    return max(0.0, busy / total * (os.cpu_count() or 1) - own / wall)
+
+
+def busy_warning(busy: float, cores: int, fix: str = "rerun on a quiet machine") -> str | None:
+    """A loud warning when other processes keep more than half the cores busy
+    (`busy_cpus`), else None: llama.cpp's threads wait for each other, so anything else
+    running inflates every timing."""
+    if busy > cores * 0.5:
+        return (f"MACHINE BUSY: other processes keep {busy:.2f} of {cores} cores busy (> {cores * 0.5:.1f}) "
+                f"at start; llama.cpp threads wait for each other, so timings are unreliable: {fix}")
     return None
 
 

@@ -22,6 +22,7 @@ from speclm.bench.analysis import counts, distributions, groups, ratios
 from speclm.bench.run.manifest import describe_model
 from speclm.bench.setup import methods, workloads
 from speclm.bench.setup.config import BenchConfig, make_arms
+from speclm import machine
 from speclm.machine import busy_warning
 from speclm.errors import InvalidRequestError
 from speclm.metrics import RoundRecord, per_position_acceptance, summarize
@@ -384,6 +385,7 @@ def test_load_is_recorded_and_a_machine_that_gets_busy_is_flagged(monkeypatch):
     loads = iter([(0.2, 0.2, 0.2)] + [(9.0, 9.0, 9.0)] * 100)
     monkeypatch.setattr(sequential.os, "getloadavg", lambda: next(loads))
     monkeypatch.setattr(sequential.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(machine, "busy_cpus", lambda: 0.1)  # quiet when the timed requests start
     llm = LLM(target=ToyBackend(6, seed=4, n_ctx=128))
     prompts = [workloads.Prompt("t", 0, (0, 1, 2, 0, 1), chat=False)]
     cfg = BenchConfig(methods=["sd-ngram"], ks=[2], max_new_tokens=[6])

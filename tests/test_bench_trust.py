@@ -62,31 +62,31 @@ def test_bad_thresholds_are_one_line_errors_naming_the_flag():
 
 
 class FakeTime:
-    """A clock, a sleep that advances it, and a load average read from a script."""
+    """A clock, a sleep that advances it, and busy CPUs read from a script."""
 
     def __init__(self, loads):
         self.now, self.loads, self.slept, self.notes = 0.0, list(loads), [], []
 
-    def loadavg(self):
-        return (self.loads.pop(0) if len(self.loads) > 1 else self.loads[0], 0.0, 0.0)
+    def busy(self):
+        return self.loads.pop(0) if len(self.loads) > 1 else self.loads[0]
 
     def sleep(self, s):
         self.slept.append(s)
         self.now += s
 
 
-def test_wait_for_quiet_polls_until_the_load_falls_and_is_bounded_in_time():
+def test_wait_for_quiet_samples_until_the_machine_is_quiet_and_is_bounded_in_time():
     t = FakeTime([1.8, 1.4, 0.7])
     policy = TrustPolicy(wait_quiet_s=60, poll_s=5, notify=lambda text: t.notes.append(text))
-    got = wait_for_quiet(policy, cores=2, loadavg=t.loadavg, sleep=t.sleep, clock=lambda: t.now)
+    got = wait_for_quiet(policy, cores=2, busy=t.busy, sleep=t.sleep, clock=lambda: t.now)
     assert got["quiet"] and got["threshold"] == 1.0 and got["waited_s"] == 10
     assert got["loads"] == [[0.0, 1.8], [5.0, 1.4], [10.0, 0.7]]
     assert len(t.notes) == 1 and "waiting up to 60 s" in t.notes[0] and "--no-wait-quiet" in t.notes[0]
     t = FakeTime([3.0])  # never quiet: gives up after the bound, having slept no longer than it
-    got = wait_for_quiet(TrustPolicy(wait_quiet_s=12, poll_s=5, quiet_load=1.5), 2, t.loadavg, t.sleep, lambda: t.now)
+    got = wait_for_quiet(TrustPolicy(wait_quiet_s=12, poll_s=5, quiet_load=1.5), 2, t.busy, t.sleep, lambda: t.now)
     assert not got["quiet"] and got["waited_s"] == 12 and t.slept == [5, 5, 2] and got["threshold"] == 1.5
     t = FakeTime([3.0])  # --no-wait-quiet: one reading, no sleep
-    got = wait_for_quiet(TrustPolicy(wait_quiet_s=0), 2, t.loadavg, t.sleep, lambda: t.now)
+    got = wait_for_quiet(TrustPolicy(wait_quiet_s=0), 2, t.busy, t.sleep, lambda: t.now)
     assert not got["quiet"] and t.slept == [] and got["loads"] == [[0.0, 3.0]]
 
 

@@ -18,7 +18,8 @@ from speclm import LLM, InvalidRequestError, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.engine import Engine
 from speclm.sampling import Processors, softmax
-from speclm.speculative.proposers.prediction import Prediction, prediction_counts
+from speclm.speculative.proposers.prediction import Prediction
+from speclm.speculative.proposers.prediction_counts import prediction_counts
 
 PROMPT = [0, 1, 2, 3, 0, 1, 2]
 PROCESSED = dict(logit_bias={2: 1.0, 5: -100}, presence_penalty=0.4, frequency_penalty=0.7,

@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import native
 from ..errors import BackendError, InvalidRequestError, ModelError, SpeclmError, TokenizerMismatchError
-from ..machine import busy_warning, cpu_flags, cpu_model
+from ..machine import busy_cpus, busy_warning, cpu_flags, cpu_model
 from . import kernels as K
 
 PROBE_VERSION = 2  # 2: v(32) and v(64) timed too (verdicts of 1 lack them: probed again)
@@ -365,7 +365,7 @@ def _probe_missing(path: Path, missing: list[K.KernelConfig], threads: int, say)
         found = {ref.name: verdict} if ref in missing else {}
         say(f"probing llama.cpp kernels {', '.join(c.name for c in missing)} for {path.name} on this CPU in child "
             f"processes (once; verdicts cached in {cache_path()})")
-        if busy := busy_warning(os.getloadavg()[0], os.cpu_count() or 1,
+        if busy := busy_warning(busy_cpus(), os.cpu_count() or 1,
                                 fix="the probe's timings are cached and choose the kernels: re-probe on a quiet "
                                     "machine with `speclm doctor --reprobe`"):
             say(busy)

@@ -34,7 +34,7 @@ from ..bench.setup.plan import plan_bench, plan_models
 from ..bench.setup.config import BenchConfig
 from ..bench.setup.workloads import WorkloadConfig
 from ..bench.trust.policy import TrustPolicy
-from ..machine import busy_warning
+from ..machine import busy_cpus, busy_warning
 from ..speculative.replay import BOUNDS, POLICIES
 from .bench_endpoint import add_endpoint_options, check_endpoint_args, cmd_endpoint_bench
 from .flags import add_json_option, add_options, add_spec_options, build, spec_from_args, speculator_config
@@ -165,7 +165,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if unused := cfg.unused_settings():
         err.print(f"[bold yellow]warning:[/] {escape(', '.join(unused))} set, but no method of --methods reads "
                   f"{'it' if len(unused) == 1 else 'them'}")
-    warning = busy_warning(os.getloadavg()[0], os.cpu_count() or 1)
+    warning = busy_warning(busy_cpus(), os.cpu_count() or 1)
     if warning:
         err.print(f"[bold red]WARNING:[/] {escape(warning)}")
     out_dir = Path(args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"))

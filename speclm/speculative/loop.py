@@ -32,7 +32,7 @@ from ..sampling import Processors, SamplingParams, keyed_sample, sample, target_
 from ..stops import StopChecker
 from .controller import Controller
 from .proposers.base import Draft, Proposer
-from .proposers.prediction import prediction_counts
+from .proposers.prediction_counts import prediction_counts
 
 
 # ---- 1. draft ------------------------------------------------------------

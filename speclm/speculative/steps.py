@@ -216,11 +216,18 @@ def _prefill_chunks(prefilling: list[Generation], capacity: int, shared: int, pr
     fewer, larger passes cost less a row (a wave of 16 chat prompts, the first
     decoding while the other 15 prefill: 8.1 s of forwards with the 15 in one step,
     8.9 s in three of 256 rows; through `speclm serve` 1.05x the wave's tok/s,
-    docs/results.md#u8)."""
+    docs/results.md#u8).
+    A request that scores its prompt (prompt logprobs: echo) takes at most
+    `prefill_chunk` rows a step even alone: every row it scores comes back as a row
+    of logits (the vocabulary in floats: 0.2 MB on SmolLM2, 0.6 MB on the 1.5B
+    target), llama.cpp keeps an output buffer as large as the largest forward's for
+    good, and the chunk's rows are reduced to log-probabilities before the next (a
+    4095-token prompt in one forward kept 1 GB; docs/server.md#logprobs-echo-and-predictions)."""
     budget, each = (min(capacity - shared, prefill_step), prefill_chunk) if shared else (capacity, capacity)
     chunks = []
     for gen in prefilling:
-        chunk = _prompt_rows(gen)[:max(0, min(budget, each))]
+        most = each if gen.prompt_logprobs is None else min(each, prefill_chunk)
+        chunk = _prompt_rows(gen)[:max(0, min(budget, most))]
         budget -= len(chunk)
         chunks.append(chunk)
     return chunks

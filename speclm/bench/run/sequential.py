@@ -112,17 +112,15 @@ def run_bench(llm: LLM, prompts: Sequence[Prompt], cfg: BenchConfig, arms: list[
         raise InvalidRequestError("no prompts to benchmark: check --categories / --dataset")
     cores = os.cpu_count() or 1
     load_before = os.getloadavg()
-    warnings = [w for w in [busy_warning(load_before[0], cores)] if w]
     started = time.time()
     prompts = run_order(prompts)
     ids_of = encoded or dict(zip(prompts, encode_prompts(llm, prompts, max(cfg.max_new_tokens))))
     warmup(arms, ids_of[prompts[0]])
     policy = cfg.trust
-    # after the warm-up, right before the timed requests; a sweep's later targets wait too,
-    # since the load the previous target's own threads left behind would read as "busy"
+    # after the warm-up, right before the timed requests: its first reading is the start's
     wait = wait_for_quiet(policy, cores)
     cfg.observed.waits.append(wait)
-    warnings = after_wait(warnings, wait)
+    warnings = after_wait([w for w in [busy_warning(wait["loads"][0][1], cores)] if w], wait)
     threads = [judged_threads(a) for a in arms]
     records: list[dict] = []
 

@@ -21,11 +21,12 @@ class TrustPolicy:
                              metavar="N")
     max_total_reruns: int | None = option(None, "re-run at most N generations in all (default: half the planned "
                                           "requests, at least 4)", kind=int, metavar="N")
-    wait_quiet_s: float = option(0.0, "before timing, wait up to SECONDS for the 1-minute load average to fall "
-                                 "below --quiet-load (the command waits by default, the library does not)",
+    wait_quiet_s: float = option(0.0, "before timing, wait up to SECONDS for other processes to keep fewer CPUs "
+                                 "busy than --quiet-load, sampled 1 s at a time (the command waits by default, "
+                                 "the library does not)",
                                  flag="--wait-quiet", cli_default=60.0, metavar="SECONDS")
-    quiet_load: float | None = option(None, "the load average counted as quiet (default: half the cores)",
-                                      kind=float, metavar="LOAD")
+    quiet_load: float | None = option(None, "the CPUs other processes may keep busy on a quiet machine "
+                                      "(default: half the cores)", kind=float, metavar="LOAD")
     poll_s: float = 5.0
     notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 

@@ -1,32 +1,36 @@
-"""A quiet machine: the load average before, while and after the timed requests
-(docs/bench.md#trust).
+"""A quiet machine: other processes' CPU use before the timed requests, the load
+average while and after them (docs/bench.md#trust).
 
-Before the timed requests `wait_for_quiet` polls the 1-minute load average until
-it is below the policy's `quiet_load` (default half the cores), for at most
-`wait_quiet_s` seconds (the CLI waits 60 s by default; the API does not wait).
-The run's warnings say when the machine was busy at the start (`speclm.machine.busy_warning`),
-never got quiet (`after_wait`), or got busy while it ran (`busy_during`).
+Before the timed requests `wait_for_quiet` samples how many CPUs other processes
+keep busy (`speclm.machine.busy_cpus`, a 1 s sample: not the load average, which
+would still count a compile or this bench's own model loading for a minute after
+they end) until it is below the policy's `quiet_load` (default half the cores), for
+at most `wait_quiet_s` seconds (the CLI waits 60 s by default; the API takes one
+sample). The run's warnings say when the machine was busy at the start
+(`speclm.machine.busy_warning`), never got quiet (`after_wait`), or got busy while
+it ran (`busy_during`: the load average over the run against this bench's threads).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 
+from ... import machine
 from .policy import TrustPolicy
 
 
-def wait_for_quiet(policy: TrustPolicy, cores: int, loadavg: Callable[[], tuple] = os.getloadavg,
+def wait_for_quiet(policy: TrustPolicy, cores: int, busy: Callable[[], float] | None = None,
                    sleep: Callable[[float], None] = time.sleep,
                    clock: Callable[[], float] = time.monotonic) -> dict:
-    """Poll the 1-minute load average until it is below the quiet threshold, for at most
-    policy.wait_quiet_s seconds (0: one reading). Returns what it saw."""
+    """Sample the CPUs other processes keep busy (busy(); default `machine.busy_cpus`)
+    until they are below the quiet threshold, for at most policy.wait_quiet_s seconds
+    (0: one sample). Returns what it saw ("loads": [seconds since the start, busy CPUs])."""
     threshold, t0 = policy.quiet_threshold(cores), clock()
     loads: list[list[float]] = []
-    quiet = False
+    quiet, read = False, busy or machine.busy_cpus
     while True:
-        load1 = float(loadavg()[0])
+        load1 = float(read())
         loads.append([round(clock() - t0, 1), load1])
         if load1 < threshold:
             quiet = True
@@ -35,21 +39,20 @@ def wait_for_quiet(policy: TrustPolicy, cores: int, loadavg: Callable[[], tuple]
         if left <= 0:
             break
         if len(loads) == 1 and policy.notify:
-            policy.notify(f"waiting up to {policy.wait_quiet_s:g} s for a quiet machine: load average "
-                          f"{load1:.2f} >= {threshold:.2f} (--no-wait-quiet skips this)")
+            policy.notify(f"waiting up to {policy.wait_quiet_s:g} s for a quiet machine: other processes keep "
+                          f"{load1:.2f} CPUs busy >= {threshold:.2f} (--no-wait-quiet skips this)")
         sleep(min(policy.poll_s, left))
     return {"threshold": threshold, "max_wait_s": policy.wait_quiet_s, "waited_s": round(clock() - t0, 1),
             "quiet": quiet, "loads": loads}
 
 
 def after_wait(warnings: list[str], wait: dict) -> list[str]:
-    """The start's warnings once the wait is over: a machine busy at the start (often this
-    bench's own model loading) that got quiet before the timing is no longer busy; one
-    that never got quiet is said to be so."""
+    """The start's warnings once the wait is over: a machine busy at the start that got
+    quiet before the timing is no longer busy; one that never got quiet is said to be so."""
     if wait["max_wait_s"] > 0 and wait["quiet"]:
         return [w for w in warnings if not w.startswith("MACHINE BUSY")]
     if wait["max_wait_s"] > 0:
-        return [*warnings, f"MACHINE NEVER QUIET: load average {wait['loads'][-1][1]:.2f} >= "
+        return [*warnings, f"MACHINE NEVER QUIET: other processes keep {wait['loads'][-1][1]:.2f} CPUs busy >= "
                            f"{wait['threshold']:.2f} after waiting {wait['waited_s']:g} s (--wait-quiet); "
                            "timings may be noisy"]
     return warnings
@@ -71,5 +74,5 @@ def client_never_quiet(wait: dict) -> list[str]:
     never got quiet in the wait, else none."""
     if wait["quiet"] or not wait["max_wait_s"]:
         return []
-    return [f"this machine never got quiet (load {wait['loads'][-1][1]:.2f} >= {wait['threshold']:.2f}): if a "
+    return [f"this machine never got quiet ({wait['loads'][-1][1]:.2f} CPUs busy >= {wait['threshold']:.2f}): if a "
             "server runs here, its timings are noisy"]

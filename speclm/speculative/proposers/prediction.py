@@ -23,11 +23,9 @@ these drafts in cells of their own.
 from __future__ import annotations
 
 from collections.abc import Callable
-from difflib import SequenceMatcher
 
 import numpy as np
 
-from ...metrics import PredictionCounts
 from .suffix_index import Match
 
 PRIOR = 1  # Laplace's rule: a fresh alignment's first token 0.5 (a prior of 4 verified 15-token drafts
@@ -112,11 +110,3 @@ class Prediction:
         conf = tuple((self.run + j + PRIOR) / (self.run + j + PRIOR + 1) for j in range(len(tokens)))
         return Match(self.run, tokens, conf, (0,) * len(tokens))
 
-
-def prediction_counts(prediction: list[int], completion: list[int]) -> PredictionCounts:
-    """OpenAI's accepted / rejected prediction tokens: the prediction's tokens that appear
-    in the completion in order (the matching blocks of a longest-match alignment), and
-    the rest."""
-    blocks = SequenceMatcher(None, prediction, completion, autojunk=False).get_matching_blocks()
-    accepted = sum(b.size for b in blocks)
-    return PredictionCounts(accepted, len(prediction) - accepted)
