@@ -50,6 +50,8 @@ struct Ggml {
     tensor *(*mul_mat)(void *, tensor *, tensor *);
     void *(*get_data)(const tensor *);
     void (*barrier)(void *);
+    void (*chunk_set)(void *, int);
+    int (*chunk_add)(void *, int);
     std::vector<buffer_type *> &(*extra_buffer_types)();
 };
 
@@ -82,6 +84,8 @@ bool takes(const tensor *op) {
            ny <= max_rows.load();
 }
 
+constexpr int64_t CHUNK_ROWS = 64;  // weight rows a thread takes at a time (even: the AVX-512 kernel pairs rows)
+
 class Traits : public tensor_traits {
   public:
     bool work_size(int, const tensor *, size_t &) override {
@@ -95,14 +99,19 @@ class Traits : public tensor_traits {
         const int64_t k = w->ne[0];
         if (p->wsize < speclm::Activations::bytes(ny, k)) return false;  // the same answer on every thread
         speclm::Activations act = speclm::Activations::in(p->wdata, ny, k);
+        if (p->ith == 0) g.chunk_set(p->threadpool, p->nth);  // chunks 0..nth-1 go to the threads in order
         speclm::quantize_rows((const float *)x->data, x->nb[1] / sizeof(float), ny * p->ith / p->nth,
                               ny * (p->ith + 1) / p->nth, act);
         g.barrier(p->threadpool);
-        const int64_t rows = w->ne[1];
-        int64_t r0 = rows * p->ith / p->nth, r1 = rows * (p->ith + 1) / p->nth;
+        // weight rows in chunks taken from ggml's shared counter, so a thread that another process slows
+        // down leaves its share to the others instead of holding the step at the next barrier
+        const int64_t rows = w->ne[1], chunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
         auto type = w->type == TYPE_Q4_K ? speclm::WeightType::Q4_K : speclm::WeightType::Q6_K;
-        speclm::gemm(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act, (float *)op->data,
-                     op->nb[1] / sizeof(float), isa);
+        for (int64_t c = p->ith; c < chunks; c = g.chunk_add(p->threadpool, 1)) {
+            int64_t r0 = c * CHUNK_ROWS, r1 = std::min(rows, r0 + CHUNK_ROWS);
+            speclm::gemm(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act, (float *)op->data,
+                         op->nb[1] / sizeof(float), isa);
+        }
         if (p->ith == 0) handled.fetch_add(1, std::memory_order_relaxed);
         return true;
     }
@@ -174,7 +183,8 @@ bool resolve(const std::string &dir) {
            find(base, "ggml_row_size", g.row_size) && find(base, "ggml_init", g.init) &&
            find(base, "ggml_free", g.free) && find(base, "ggml_new_tensor_2d", g.new_tensor_2d) &&
            find(base, "ggml_mul_mat", g.mul_mat) && find(base, "ggml_get_data", g.get_data) &&
-           find(cpu, "ggml_barrier", g.barrier) &&
+           find(cpu, "ggml_barrier", g.barrier) && find(cpu, "ggml_threadpool_chunk_set", g.chunk_set) &&
+           find(cpu, "ggml_threadpool_chunk_add", g.chunk_add) &&
            find(cpu, "_Z39ggml_backend_cpu_get_extra_buffer_typesv", g.extra_buffer_types);
 }
 
