@@ -142,6 +142,18 @@ def test_a_process_without_the_library_runs_on_llama_cpps_kernels():
     assert "speclm" not in families and "plain" in families
 
 
+def test_an_install_that_could_not_build_them_says_so(monkeypatch):
+    monkeypatch.setattr(native, "library_path", lambda: None)
+    assert "were not built by the install" in native._load()
+
+
+def test_a_bad_row_range_turns_them_off_with_the_reason():
+    proc = run_python("from speclm.backends import kernels as K\nprint(K.build_info().speclm)",
+                      SPECLM_NATIVE_ROWS="8-2")
+    assert proc.returncode == 0, proc.stderr
+    assert "SPECLM_NATIVE_ROWS='8-2'" in proc.stdout and "1 <= LO <= HI" in proc.stdout
+
+
 def test_kernels_that_register_after_a_model_load_refuse_and_say_why():
     # llama.cpp copies its list of buffer types at the first model load: registering later would
     # leave a buffer type it never offers, so the library takes itself back out

@@ -155,7 +155,7 @@ def force_isa(name: str) -> str:
     return ISAS[_lib.speclm_kernels_isa(code)]
 
 
-def gemm(weight_type: str, blocks: np.ndarray, k: int, x: np.ndarray, isa: str, reps: int = 0) -> np.ndarray:
+def gemm(weight_type: str, blocks: np.ndarray, k: int, x: np.ndarray, isa: str, reps: int = 0) -> np.ndarray | float:
     """out[j, r] = W[r] . x[j] by speclm's kernels, outside llama.cpp (tests): `blocks` holds the
     weight rows' raw GGUF bytes (rows x bytes per row), x is (rows, k) float32. reps > 0: return
     the fastest of `reps` runs' thread CPU time in seconds instead (x's quantisation not counted)."""

@@ -26,7 +26,7 @@ struct Activations {
     float *d = nullptr;
 
     static size_t bytes(int ny, int64_t k) { return (size_t)ny * (size_t)(k / QK) * (QK + 32 + 4); }
-    static Activations in(void *mem, int ny, int64_t k);  // mem: 64-byte aligned
+    static Activations in(void *mem, int ny, int64_t k);  // any alignment: the kernels load unaligned
     const int8_t *row_qs(int b, int j) const { return qs + ((size_t)b * ny + j) * QK; }
     const int16_t *row_bsums(int b, int j) const { return bsums + ((size_t)b * ny + j) * 16; }
     float row_d(int b, int j) const { return d[(size_t)b * ny + j]; }
