@@ -144,7 +144,10 @@ async def answer(front: Frontend, req: _GenerationRequest, request: Request) -> 
         front.account(handle)
     if result.finish_reason == "cancelled":
         raise cancelled()
-    return JSONResponse(response_body(rid, front.model_id, result, chat, tools), headers=_served(handle))
+    echo = getattr(handle, "echo", None) if getattr(req, "echo", False) else None
+    if echo is None and getattr(req, "echo", False):  # a replica that sent no echo: the prompt as sent
+        echo = req.echo_text() or ""
+    return JSONResponse(response_body(rid, front.model_id, result, chat, tools, echo), headers=_served(handle))
 
 
 def _served(handle: Handle) -> dict[str, str]:
@@ -216,7 +219,10 @@ def http_app(front: Frontend) -> FastAPI:
             return validation_error(exc.errors()).response()
         if isinstance(exc, StarletteHTTPException):
             type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-            return APIError(exc.status_code, str(exc.detail), type_).response(exc.headers)
+            detail = str(exc.detail)
+            if exc.status_code == 400 and detail == "There was an error parsing the body":  # Starlette's words
+                detail = "the request body could not be parsed: not JSON, or JSON nested too deeply to read"
+            return APIError(exc.status_code, detail, type_).response(exc.headers)
         return api_error(exc).response()
 
     for kind in (APIError, RequestValidationError, StarletteHTTPException, Exception):

@@ -136,17 +136,20 @@ def chat_finish_reason(r: GenerationResult, calls: list) -> str:
     return "tool_calls" if calls and r.finish_reason == "stop" else r.finish_reason
 
 
-def response_body(rid: str, model: str, r: GenerationResult, chat: bool, tools: set[str] | None = None) -> dict:
-    """The non-streaming response for a finished result (a completion that scored its
-    prompt, echo, starts with the prompt's text); with `tools` (the functions a chat
-    answer may call) its calls are parsed into tool_calls."""
+def response_body(rid: str, model: str, r: GenerationResult, chat: bool, tools: set[str] | None = None,
+                  echo: str | None = None) -> dict:
+    """The non-streaming response for a finished result; with `tools` (the functions a chat
+    answer may call) its calls are parsed into tool_calls. A completion with `echo` (the
+    prompt's text: echo: true) starts with it; one that scored its prompt (echo with
+    logprobs) starts with the text its prompt tokens decode to, as its logprobs count it."""
     if chat:
         content, calls = parse_calls(r.text, tools) if tools else (r.text, [])
         message = AssistantMessage(content=content, tool_calls=[c.as_dict() for c in calls] or None)
         return ChatCompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[ChatChoice(
             message=message, logprobs=result_logprobs(r, chat), finish_reason=chat_finish_reason(r, calls))]).model_dump()
     return CompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[CompletionChoice(
-        text=echoed(r) + r.text, logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)]).model_dump()
+        text=(echoed(r) if r.prompt_logprobs is not None else echo or "") + r.text,
+        logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)]).model_dump()
 
 
 def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None = None,

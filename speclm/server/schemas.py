@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from starlette.requests import ClientDisconnect
 
 from ..api import SpecConfig
-from ..constraints import Grammar
+from ..constraints import Grammar, model_label
 from ..errors import BackendError, BusyError, InvalidRequestError, SpeclmError
 from ..options import options_of
 from ..sampling import MAX_LOGPROBS, SamplingParams
@@ -72,6 +72,16 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def unicode_text(text: str, param: str, where: str | None = None) -> str:
+    """text, or a ParamError naming `param` when it is not Unicode text a model can read
+    (a lone surrogate, which JSON's \\ud800 escapes can carry, has no UTF-8 form)."""
+    if printable(text) != text:
+        at = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+        raise ParamError(f"{where or param} must be valid Unicode text: it holds a lone surrogate "
+                         f"{text[at].encode('utf-8', 'backslashreplace').decode()} at character {at}", param)
+    return text
+
+
 def quoted(text: str, limit: int = 200) -> str:
     """A client's string for an error message: repr-quoted (control characters and lone
     surrogates escaped) and cut to `limit` characters."""
@@ -79,9 +89,23 @@ def quoted(text: str, limit: int = 200) -> str:
     return printable(repr(text))
 
 
+# server paths a client-facing message must not show -> what it shows instead (hide_path)
+_HIDDEN: dict[str, str] = {}
+
+
+def hide_path(path: str, shown: str) -> None:
+    """Error messages show `shown` wherever they would name `path` (a served model file's
+    absolute path: the message names the file, never where it lies on the server)."""
+    if path and path != shown:
+        _HIDDEN[path] = shown
+
+
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    """OpenAI's error object (the message made safe to render, whatever it echoes)."""
+    """OpenAI's error object (the message made safe to render, whatever it echoes, and
+    free of the server's model paths)."""
+    for path in sorted(_HIDDEN, key=len, reverse=True):
+        message = message.replace(path, _HIDDEN[path])
     return {"error": {"message": printable(message), "type": type_,
                       "param": None if param is None else printable(param), "code": code}}
 
@@ -248,6 +272,9 @@ class _RequestBase(BaseModel):
         """Whether the answer may hold tool calls (chat with tools, tool_choice not "none")."""
         return False
 
+    def check_tools(self, llm: LLM) -> None:
+        """A 400 when the request's tools cannot be served by this model (chat only)."""
+
     def tool_names(self) -> set[str]:
         return set()
 
@@ -313,8 +340,14 @@ class CompletionRequest(_GenerationRequest):
         return {"logprobs": self.logprobs, "prompt_logprobs": self.logprobs if self.echo else None}
 
     def prediction_text(self) -> str | None:
-        return self.prediction if self.prediction is None or isinstance(self.prediction, str) \
+        text = self.prediction if self.prediction is None or isinstance(self.prediction, str) \
             else self.prediction.text()
+        return None if text is None else unicode_text(text, "prediction")
+
+    def echo_text(self) -> str | None:
+        """The prompt as sent, when it is text (echo: true echoes it); None for token ids."""
+        prompt = self.prompt[0] if isinstance(self.prompt, list) and len(self.prompt) == 1 else self.prompt
+        return prompt if isinstance(prompt, str) else None
 
     def scores_only(self) -> bool:
         """max_tokens 0 with echo and logprobs: score the prompt, generate nothing."""
@@ -328,6 +361,8 @@ class CompletionRequest(_GenerationRequest):
                 raise ParamError("prompt must be a string (or a list of exactly one string; batched "
                                  f"prompts are not supported), got a list of {len(prompt)}", "prompt")
             prompt = prompt[0]
+        if isinstance(prompt, str):
+            unicode_text(prompt, "prompt")
         return llm.encode(prompt)  # empty text: InvalidRequestError
 
 
@@ -408,24 +443,34 @@ class ChatCompletionRequest(_GenerationRequest):
         return {"logprobs": (self.top_logprobs or 0) if self.logprobs else None}
 
     def prediction_text(self) -> str | None:
-        return None if self.prediction is None else self.prediction.text()
+        return None if self.prediction is None else unicode_text(self.prediction.text(), "prediction")
 
     def prompt_ids(self, llm: LLM) -> list[int]:
         """The messages rendered with the target's chat template: its markup tokenized
         with control tokens, the contents as plain text (no message can forge a turn)."""
         messages = [m.as_template_input(i) for i, m in enumerate(self.messages)]
+        for i, m in enumerate(messages):
+            unicode_text(m["content"], "messages", f"messages[{i}].content")
+            unicode_text(json.dumps(m, ensure_ascii=False), "messages", f"messages[{i}] (as JSON)")
         if not any(m["content"].strip() or m.get("tool_calls") for m in messages):
             raise ParamError("the messages are empty: give some text", "messages")
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
-        if tools and not tools_supported(llm.target.chat_template() or ""):
-            raise bad(f"the chat template of {llm.target.name} has no tool-call format speclm can parse "
-                      "(Hermes/Qwen2.5's <tool_call>): drop tools, or serve a model whose template has it", "tools")
+        self.check_tools(llm)
+        unicode_text(json.dumps(tools, ensure_ascii=False), "tools", "tools (as JSON)")
         for where, value in [("tools", tools), *[(f"messages[{i}].tool_calls", m.get("tool_calls"))
                                                  for i, m in enumerate(messages)]]:
             if value and llm.target.holds_control_text(json.dumps(value, ensure_ascii=False)):
                 raise bad(f"{where} spells a control token of the model's vocabulary; such text would become "
                           "the token in the prompt: remove it", where.split("[")[0])
         return llm.target.tokenize_chat(messages, tools or None)
+
+    def check_tools(self, llm: LLM) -> None:
+        """A 400 naming `tools` when the target's chat template writes no tool calls speclm
+        can parse (checked before the call grammar is compiled: one clear message whatever
+        tool_choice asks)."""
+        if self.tools and not tools_supported(llm.target.chat_template() or ""):
+            raise bad(f"the chat template of {model_label(llm.target)} has no tool-call format speclm can parse "
+                      "(Hermes/Qwen2.5's <tool_call>): drop tools, or serve a model whose template has it", "tools")
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
