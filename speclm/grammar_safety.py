@@ -350,14 +350,21 @@ class CompileWorker:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._known: set[str] = set()  # the vocabularies the running worker holds
+        self._owner = os.getpid()
         self.starts = 0
         self.unavailable: str | None = None  # why no worker can be started here (then no trial runs)
+
+    def _forked(self) -> None:
+        """A process forked from the worker's owner starts its own (the pipes are the owner's)."""
+        if self._owner != os.getpid():
+            self._lock, self._proc, self._known, self._owner = threading.Lock(), None, set(), os.getpid()
 
     def check(self, key: str, vocabulary: Callable[[], tuple], source: str) -> str | None:
         """Compile `source` in the worker against vocabulary `key` (vocabulary(): its
         description, grammar_worker._tokenizer's, sent once per worker). None when it
         compiled, llguidance's message when it failed cleanly; GrammarCrash when the
         worker died or ran out of time. None too where no worker can run."""
+        self._forked()
         with self._lock:
             if not self._ensure():
                 return None
@@ -373,6 +380,7 @@ class CompileWorker:
 
     def prepare(self, key: str, vocabulary: Callable[[], tuple]) -> None:
         """Start the worker and give it vocabulary `key` now (GrammarCrash if it dies)."""
+        self._forked()
         with self._lock:
             if self._ensure() and key not in self._known:
                 self._call(("tokenizer", key, vocabulary()), WORKER_START_TIMEOUT_S, "building the tokenizer")
@@ -438,6 +446,8 @@ class CompileWorker:
             self._ensure()
 
     def close(self) -> None:
+        if self._owner != os.getpid():  # a forked child's exit leaves its parent's worker be
+            return
         with self._lock:
             proc, self._proc = self._proc, None
             if proc is not None and proc.poll() is None:

@@ -221,7 +221,8 @@ def http_app(front: Frontend) -> FastAPI:
             type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
             detail = str(exc.detail)
             if exc.status_code == 400 and detail == "There was an error parsing the body":  # Starlette's words
-                detail = "the request body could not be parsed: not JSON, or JSON nested too deeply to read"
+                detail = ("the request body could not be parsed: not JSON, JSON nested too deeply, or a number "
+                          "of over 4300 digits")
             return APIError(exc.status_code, detail, type_).response(exc.headers)
         return api_error(exc).response()
 
