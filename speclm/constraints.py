@@ -110,7 +110,7 @@ class Grammar:
         return LLMatcher.grammar_from_lark(self.text)
 
 
-_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> its _Vocabularies
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> its _Compiled
 
 
 def tokenizer_for(backend):
@@ -210,12 +210,12 @@ CACHED_GRAMMARS = 64  # per backend: compiled matchers and errors kept by the gr
 
 
 def matcher_for(grammar: Grammar, backend):
-    """The grammar compiled against the backend's vocabulary, its first mask computed: an
-    LLMatcher to deep_copy (never to advance, nor to compute a mask on: requests in other
-    threads copy it), or InvalidRequestError with llguidance's
-    message or the bound it is over. Compiled safely (speclm/grammar_safety.py: bounds,
-    then the compile worker, then this process on a thread with a big stack) once per
-    text; later calls with the same grammar, errors included, are a dictionary look-up."""
+    """The grammar compiled against the backend's vocabulary, its first steps run (first
+    mask, forced run): an LLMatcher to deep_copy, never to advance or compute a mask on
+    (requests in other threads copy it); or InvalidRequestError with llguidance's message
+    or the bound it is over. Compiled safely (speclm/grammar_safety.py: bounds, then the
+    compile worker, then this process on a thread with a big stack) once per text; later
+    calls with the same grammar, errors included, are a dictionary look-up."""
     state = _compiled(backend)
     key = (grammar.kind, grammar.text)
     with state.lock:
@@ -226,6 +226,8 @@ def matcher_for(grammar: Grammar, backend):
         try:
             known = _compile(grammar, state)
         except InvalidRequestError as exc:
+            if getattr(exc, "transient", False):  # a timeout: not remembered
+                raise
             known = str(exc)
         with state.lock:
             state.grammars[key] = known
@@ -270,7 +272,9 @@ def _compile(grammar: Grammar, state: _Compiled) -> tuple:
     try:
         error = WORKER.check(state.worker_key(), state.vocabulary, source)
     except GrammarCrash as e:
-        raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {e}; simplify it") from None
+        err = InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {e}; simplify it")
+        err.transient = e.transient
+        raise err from None
     if error is None or not state.faithful:  # it compiled there, so it compiles here, on a bigger stack
         matcher, first, error = on_big_stack(lambda: first_steps(state.tokenizer, source, PARSER_LIMITS))
     if error is not None:

@@ -338,7 +338,12 @@ def _json_object_end(text: str, start: int) -> int:
 
 # ---- 2. the compile worker ---------------------------------------------------------------
 class GrammarCrash(Exception):
-    """The worker died or ran out of time on a grammar (the message says which)."""
+    """The worker died or ran out of time on a grammar (the message says which; a timeout
+    is `transient`: a busy machine may compile the same grammar in time later)."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class CompileWorker:
@@ -414,7 +419,7 @@ class CompileWorker:
             answer = pickle.loads(self._read(struct.unpack(">I", head)[0], time.monotonic() + timeout))
         except TimeoutError:
             self._lost()
-            raise GrammarCrash(f"it took over {timeout:g} s ({doing} it)") from None
+            raise GrammarCrash(f"it took over {timeout:g} s ({doing} it)", transient=True) from None
         except (OSError, EOFError, struct.error, pickle.UnpicklingError):
             code = self._lost()
             raise GrammarCrash("llguidance's compiler crashed on it" + _signal_name(code)) from None
