@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -40,7 +39,7 @@ import numpy as np
 
 from .errors import InvalidRequestError
 from .grammar_safety import PARSER_LIMITS, WORKER, GrammarCrash, check_bounds, on_big_stack
-from .grammar_worker import first_steps
+from .grammar_worker import first_steps, llama_tokenizer
 
 # Grammar kinds a request may name, with what their text holds.
 KINDS = {"json_schema": "a JSON schema (JSON text)", "regex": "a regular expression",
@@ -135,10 +134,7 @@ class _Compiled:
         self.backend, self.eos = weakref.ref(backend), eos
         vocab = getattr(backend, "llama_vocab", None)
         if vocab is not None and getattr(backend, "path", None) is not None:
-            from llguidance.llamacpp import lltokenizer_from_vocab
-            with warnings.catch_warnings():  # the bridge calls llama-cpp-python's deprecated token-attribute alias
-                warnings.simplefilter("ignore", DeprecationWarning)
-                self.tokenizer = lltokenizer_from_vocab(vocab, n_vocab=backend.vocab_size, eos_token=eos)
+            self.tokenizer = llama_tokenizer(vocab, backend.vocab_size, eos)  # the compile worker's too
             self._tokens = None
         else:
             from llguidance import LLTokenizer, TokenizerWrapper

@@ -51,7 +51,6 @@ def _tokenizer(vocabulary: tuple):
     from llguidance import LLTokenizer, TokenizerWrapper
     if vocabulary[0] == "llama":
         import llama_cpp as L
-        from llguidance.llamacpp import lltokenizer_from_vocab
         _, path, eos, n_vocab = vocabulary
         L.llama_backend_init()
         params = L.llama_model_default_params()
@@ -60,7 +59,7 @@ def _tokenizer(vocabulary: tuple):
         if not model:
             raise RuntimeError("llama.cpp could not load the model's vocabulary")
         _MODELS.append(model)  # the vocabulary lives as long as its model
-        return lltokenizer_from_vocab(L.llama_model_get_vocab(model), n_vocab=n_vocab, eos_token=eos)
+        return llama_tokenizer(L.llama_model_get_vocab(model), n_vocab, eos)
     _, tokens, eos, n_vocab = vocabulary
 
     class Vocabulary:
@@ -78,6 +77,36 @@ def _tokenizer(vocabulary: tuple):
 
 
 _MODELS: list = []
+
+
+def llama_tokenizer(vocab, n_vocab: int, eos: list[int]):
+    """llguidance's tokenizer over a llama.cpp vocabulary, built as llguidance's own bridge
+    (llguidance.llamacpp.lltokenizer_from_vocab) builds it: each token's piece with special
+    text, control and <...> user-defined tokens prefixed with 0xff, padded to n_vocab, and
+    llama.cpp's tokenizer. Written out because the bridge calls llama-cpp-python's
+    deprecated token-attribute alias, a DeprecationWarning per token. The server and this
+    worker both build theirs here, so the two are the same."""
+    import ctypes
+
+    import llama_cpp as L
+    from llguidance import LLTokenizer
+    size = 16 * 1024
+    buffer = ctypes.create_string_buffer(size + 1)
+    tokens = []
+    for token in range(L.llama_vocab_n_tokens(vocab)):
+        n = L.llama_token_to_piece(vocab, token, buffer, size, 0, True)
+        if n < 0:
+            raise ValueError(f"token {token}'s piece does not fit {size} bytes")
+        piece = bytes(buffer[:n])
+        attr = L.llama_vocab_get_attr(vocab, token)
+        if attr & L.LLAMA_TOKEN_ATTR_CONTROL or (attr & L.LLAMA_TOKEN_ATTR_USER_DEFINED and piece.startswith(b"<")
+                                                 and piece.endswith(b">")):
+            piece = b"\xff" + piece
+        tokens.append(piece)
+    tokens += [b""] * (n_vocab - len(tokens))
+    tokenize = ctypes.cast(L.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+    return LLTokenizer.from_llamacpp(tokens=tokens, vocab_ptr=vocab, tokenize_fptr=tokenize, eos_token=eos,
+                                     slices=None)
 
 
 def first_steps(tokenizer, source: str, limits: dict) -> tuple:
