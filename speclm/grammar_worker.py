@@ -2,9 +2,10 @@
 so a crash or a runaway compile inside llguidance costs one request, not the process
 (speclm/grammar_safety.py starts it, talks to it and restarts it when it dies).
 
-Standalone on purpose: the standard library and llguidance only, run as a script
-(`python -P grammar_worker.py`), so it starts in a fraction of a second and holds
-nothing of the parent's (no model, no threads of llama.cpp's).
+Standalone on purpose: the standard library, llguidance and (for a GGUF's vocabulary
+only) llama-cpp-python, run as a script (`python -P grammar_worker.py`), so it starts
+in a fraction of a second and holds nothing of the parent's (no model weights, no
+threads of llama.cpp's).
 
 Protocol on stdin/stdout: frames of a 4-byte big-endian length and a pickle.
 - ("tokenizer", key, vocabulary): build llguidance's tokenizer for `vocabulary`
