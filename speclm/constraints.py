@@ -26,15 +26,20 @@ is rejected and the next token drawn from the residual max(0, p - q) as usual.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import warnings
+import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from .errors import InvalidRequestError
+from .grammar_safety import PARSER_LIMITS, WORKER, GrammarCrash, check_bounds, on_big_stack
+from .grammar_worker import first_steps, llama_tokenizer
 
 # Grammar kinds a request may name, with what their text holds.
 KINDS = {"json_schema": "a JSON schema (JSON text)", "regex": "a regular expression",
@@ -104,7 +109,7 @@ class Grammar:
         return LLMatcher.grammar_from_lark(self.text)
 
 
-_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> its llguidance tokenizer
+_TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> its _Compiled
 
 
 def tokenizer_for(backend):
@@ -112,24 +117,70 @@ def tokenizer_for(backend):
     150k vocabulary). llama.cpp: llguidance's own bridge over the GGUF vocabulary (control
     and <...> user tokens are special, text tokens are their bytes); any other backend:
     its token bytes and tokenizer, with its end tokens special."""
-    tok = _TOKENIZERS.get(backend)
-    if tok is not None:
-        return tok
-    eos = sorted(backend.eos_ids)
-    if not eos:
-        raise InvalidRequestError(f"{backend.name} has no end-of-text token, so a grammar cannot end: "
-                                  "structured outputs need a model with one")
-    vocab = getattr(backend, "llama_vocab", None)
-    if vocab is not None:
-        from llguidance.llamacpp import lltokenizer_from_vocab
-        with warnings.catch_warnings():  # the bridge calls llama-cpp-python's deprecated token-attribute alias
-            warnings.simplefilter("ignore", DeprecationWarning)
-            tok = lltokenizer_from_vocab(vocab, n_vocab=backend.vocab_size, eos_token=eos)
-    else:
-        from llguidance import LLTokenizer, TokenizerWrapper
-        tok = LLTokenizer(TokenizerWrapper(_Vocabulary(backend, eos)), n_vocab=backend.vocab_size, eos_token=eos)
-    _TOKENIZERS[backend] = tok
-    return tok
+    return _compiled(backend).tokenizer
+
+
+class _Compiled:
+    """One backend's grammar state: llguidance's tokenizer over its vocabulary, what the
+    compile worker builds its own from (`vocabulary`), and the grammars compiled so far (by
+    kind and text: a matcher to copy and its first mask, or the error message), the last
+    CACHED_GRAMMARS."""
+
+    def __init__(self, backend):
+        eos = sorted(backend.eos_ids)
+        if not eos:
+            raise InvalidRequestError(f"{model_label(backend)} has no end-of-text token, so a grammar cannot end: "
+                                      "structured outputs need a model with one")
+        self.backend, self.eos = weakref.ref(backend), eos
+        vocab = getattr(backend, "llama_vocab", None)
+        if vocab is not None and getattr(backend, "path", None) is not None:
+            self.tokenizer = llama_tokenizer(vocab, backend.vocab_size, eos)  # the compile worker's too
+            self._tokens = None
+        else:
+            from llguidance import LLTokenizer, TokenizerWrapper
+            words = _Vocabulary(backend, eos)
+            self.tokenizer = LLTokenizer(TokenizerWrapper(words), n_vocab=backend.vocab_size, eos_token=eos)
+            self._tokens = words.tokens
+        self.key: str | None = None
+        self.lock = threading.Lock()
+        self.grammars: OrderedDict[tuple[str, str], object] = OrderedDict()
+
+    @property
+    def faithful(self) -> bool:
+        """Whether the compile worker's tokenizer is this one (a GGUF vocabulary it loads
+        itself): then its errors are this process's, and need not be found again here."""
+        return self._tokens is None
+
+    def vocabulary(self) -> tuple:
+        """The vocabulary as the compile worker builds its tokenizer (grammar_worker._tokenizer):
+        a GGUF's path, or each token's bytes as the tokenizer above holds them."""
+        backend = self.backend()
+        if self._tokens is None:
+            return ("llama", str(backend.path), self.eos, backend.vocab_size)
+        return ("tokens", self._tokens, self.eos, backend.vocab_size)
+
+    def worker_key(self) -> str:
+        if self.key is None:
+            vocabulary = self.vocabulary()
+            digest = hashlib.sha256(repr((vocabulary[0], vocabulary[2:])).encode())
+            for t in [vocabulary[1]] if isinstance(vocabulary[1], str) else vocabulary[1]:
+                t = t.encode() if isinstance(t, str) else t
+                digest.update(len(t).to_bytes(4, "little") + t)
+            self.key = digest.hexdigest()
+        return self.key
+
+
+_STATES_LOCK = threading.Lock()  # one tokenizer build per backend, whichever thread asks first
+
+
+def _compiled(backend) -> _Compiled:
+    state = _TOKENIZERS.get(backend)
+    if state is None:
+        with _STATES_LOCK:
+            state = _TOKENIZERS.get(backend)
+            if state is None:
+                state = _TOKENIZERS[backend] = _Compiled(backend)
+    return state
 
 
 class _Vocabulary:
@@ -145,17 +196,93 @@ class _Vocabulary:
         return self.backend.tokenize(text, add_special=False, special=False)
 
 
-def check_grammar(grammar: Grammar, backend) -> str:
-    """The grammar's llguidance form, or InvalidRequestError with llguidance's message."""
-    from llguidance import LLMatcher
+def model_label(backend) -> str:
+    """The backend as a client may read it in a message: its model file's name, never the
+    file's path on the server."""
+    return Path(str(backend.name)).name or str(backend.name)
+
+
+CACHED_GRAMMARS = 64  # per backend: compiled matchers and errors kept by the grammar's text
+
+
+def matcher_for(grammar: Grammar, backend):
+    """The grammar compiled against the backend's vocabulary, its first steps run (first
+    mask, forced run): an LLMatcher to deep_copy, never to advance or compute a mask on
+    (requests in other threads copy it); or InvalidRequestError with llguidance's message
+    or the bound it is over. Compiled safely (speclm/grammar_safety.py: bounds, then the
+    compile worker, then this process on a thread with a big stack) once per text; later
+    calls with the same grammar, errors included, are a dictionary look-up."""
+    state = _compiled(backend)
+    key = (grammar.kind, grammar.text)
+    with state.lock:
+        known = state.grammars.get(key)
+        if known is not None:
+            state.grammars.move_to_end(key)
+    if known is None:
+        try:
+            known = _compile(grammar, state)
+        except InvalidRequestError as exc:
+            if getattr(exc, "transient", False):  # a timeout: not remembered
+                raise
+            known = str(exc)
+        with state.lock:
+            state.grammars[key] = known
+            while len(state.grammars) > CACHED_GRAMMARS:
+                state.grammars.popitem(last=False)
+    if isinstance(known, str):
+        raise InvalidRequestError(known)
+    return known[0]
+
+
+def warm(backend) -> None:
+    """Build the backend's tokenizer and start the compile worker with its own, so the
+    first request with a grammar does not wait for them (a server calls this at start, in
+    the background). Never raises: a failure here is met again, and reported, by
+    `matcher_for`."""
+    try:
+        state = _compiled(backend)
+        WORKER.prepare(state.worker_key(), state.vocabulary)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def first_allowed(grammar: Grammar, backend) -> np.ndarray:
+    """Which tokens the grammar allows as the first token (bool per vocabulary entry),
+    from its compile (`matcher_for`; InvalidRequestError as there)."""
+    matcher_for(grammar, backend)
+    with _compiled(backend).lock:
+        bits = _compiled(backend).grammars[(grammar.kind, grammar.text)][1]
+    return _unpack(bits, backend.vocab_size)
+
+
+def _unpack(bitmask: bytes, vocab_size: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(bitmask, dtype=np.uint8), bitorder="little")[:vocab_size].astype(bool)
+
+
+def _compile(grammar: Grammar, state: _Compiled) -> tuple:
+    check_bounds(grammar.kind, grammar.text)
     try:
         source = grammar.source()
     except ValueError as e:
         raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {_one_line(str(e))}") from None
-    error = LLMatcher.validate_grammar(source, tokenizer_for(backend))
-    if error and not error.startswith("WARNING"):
+    try:
+        error = WORKER.check(state.worker_key(), state.vocabulary, source)
+    except GrammarCrash as e:
+        err = InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {e}; simplify it")
+        err.transient = e.transient
+        raise err from None
+    if error is None or not state.faithful:  # it compiled there, so it compiles here, on a bigger stack
+        matcher, first, error = on_big_stack(lambda: first_steps(state.tokenizer, source, PARSER_LIMITS))
+    if error is not None:
         raise InvalidRequestError(f"the {grammar.kind} grammar cannot be compiled: {_one_line(error)}")
-    return source
+    return matcher, first  # never advanced: requests advance deep copies
+
+
+def check_grammar(grammar: Grammar, backend) -> str:
+    """The grammar's llguidance form, or InvalidRequestError with llguidance's message (or
+    the bound it is over); compiled as `matcher_for` does, so it can never crash the process."""
+    matcher_for(grammar, backend)
+    return grammar.source()
 
 
 def _one_line(message: str) -> str:
@@ -167,9 +294,8 @@ class GrammarMask:
     """One request's grammar state: masks rows, clips drafts, supplies forced tokens."""
 
     def __init__(self, grammar: Grammar, backend):
-        from llguidance import LLMatcher
         self.grammar, self.vocab_size = grammar, backend.vocab_size
-        self.matcher = LLMatcher(tokenizer_for(backend), check_grammar(grammar, backend), log_level=0)
+        self.matcher = matcher_for(grammar, backend).deep_copy()
         self._check()
         self.forced_emitted = 0  # emitted tokens that were drafted because the grammar forced them
 
@@ -179,8 +305,7 @@ class GrammarMask:
 
     def allowed(self) -> np.ndarray:
         """Which tokens the grammar allows next (bool per vocabulary entry)."""
-        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        return np.unpackbits(bits, bitorder="little")[:self.vocab_size].astype(bool)
+        return _unpack(self.matcher.compute_bitmask(), self.vocab_size)
 
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of tokens the grammar accepts in order from the current state."""

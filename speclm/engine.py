@@ -58,6 +58,7 @@ class RequestHandle:
     """
 
     served_by: str | None = None  # which replica generates it (a Ray deployment's; None in one process)
+    echo: str | None = None  # the server's echo: true: the prompt's text, answered before the completion
 
     def __init__(self, rid: str, prompt_ids: list[int]):
         self.id = rid

@@ -178,7 +178,7 @@ class GenerationResult:
 
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or stop string) | "length"
+    finish_reason: str  # "stop" (EOS or stop string) | "length" | "content_filter" (no token left) | "cancelled"
     prompt_tokens: int
     method: str
     k: int

@@ -23,6 +23,7 @@ at that position (docs/design.md#processed-distributions).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -156,7 +157,8 @@ def parse_bias(text: str) -> tuple[int, float]:
 
 def normalised_bias(bias: object) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (token id, bias) pairs, from a mapping ({id: bias}, ids may be
-    decimal strings as JSON sends them) or pairs; InvalidRequestError naming the bad entry."""
+    decimal strings as JSON sends them: "12", never " 12 ", "012" or other digits than
+    ASCII's) or pairs; InvalidRequestError naming the bad entry."""
     if bias is None:
         return ()
     items = bias.items() if isinstance(bias, dict) else bias
@@ -167,7 +169,11 @@ def normalised_bias(bias: object) -> tuple[tuple[int, float], ...]:
     out: dict[int, float] = {}
     for item in items:
         token, value = item if isinstance(item, (tuple, list)) and len(item) == 2 else (item, None)
-        if isinstance(token, str) and token.strip().isdigit():
+        if isinstance(token, str):  # JSON's keys: a token id written as OpenAI writes it, "12"
+            if not _TOKEN_ID.fullmatch(token):
+                shown = repr(token) if len(token) <= 40 else repr(token[:40]) + "..."
+                raise InvalidRequestError(f"logit_bias keys must be token ids written in decimal digits, without "
+                                          f"signs, spaces or leading zeros (\"12\"), got {shown}")
             token = int(token)
         if not is_int(token) or token < 0:
             raise InvalidRequestError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
@@ -176,6 +182,9 @@ def normalised_bias(bias: object) -> tuple[tuple[int, float], ...]:
                                       f"for token {token}")
         out[token] = float(value)
     return tuple(sorted(out.items()))
+
+
+_TOKEN_ID = re.compile(r"0|[1-9][0-9]{0,17}", re.ASCII)  # ASCII digits only (not "١٢"), well inside int()'s limits
 
 
 def is_int(x: object) -> bool:
@@ -239,10 +248,50 @@ class Processors:
             row[self.forced] = keep
 
 
+def empty_row(row: np.ndarray) -> bool:
+    """Whether a processed row leaves no token (every logit -inf, or not a number): the
+    request's processors and grammar together exclude the whole vocabulary there."""
+    top = np.max(row)
+    return bool(np.isnan(top) or np.isneginf(top))
+
+
+def first_row_problem(params: SamplingParams, vocab_size: int, allowed: np.ndarray | None = None,
+                      grammar: str = "the grammar") -> str | None:
+    """Why the request's first processed row would leave no token, decided before it runs
+    (None: some token is left): logit_bias forcing (+100) only tokens `allowed` (the
+    grammar's first mask; None: no grammar) excludes, or banning (-100) all it allows.
+    The penalties cannot empty a row of finite logits, and the output has no tokens yet."""
+    forced = [t for t, b in params.logit_bias if b >= BIAS_LIMIT and t < vocab_size]  # others: a 400 of their own
+    banned = {t for t, b in params.logit_bias if b <= -BIAS_LIMIT and t < vocab_size}
+    if forced:
+        if allowed is None or any(allowed[t] for t in forced):
+            return None
+        shown = ", ".join(map(str, forced[:8])) + (", ..." if len(forced) > 8 else "")
+        return (f"logit_bias forces (+100) only token{'s' if len(forced) > 1 else ''} {shown}, which {grammar} "
+                "does not allow as the first token: no token is left to sample; drop the +100 biases or the grammar")
+    if not banned:
+        return None
+    if allowed is None:
+        if len(banned) < vocab_size:
+            return None
+        return (f"logit_bias bans (-100) every token of the vocabulary ({vocab_size}): no token is left to sample; "
+                "drop some of the -100 biases")
+    allowed_ids = np.flatnonzero(allowed[:vocab_size])
+    if any(int(t) not in banned for t in allowed_ids):
+        return None
+    return (f"logit_bias bans (-100) every token {grammar} allows as the first token ({allowed_ids.size}): "
+            "no token is left to sample; drop those -100 biases or change the grammar")
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
-    """float64 softmax of a 1-D logit vector."""
+    """float64 softmax of a 1-D logit vector (logits of +inf, which only an extreme
+    repetition_penalty makes, share the mass: softmax's limit)."""
     x = np.asarray(logits, dtype=np.float64)
-    x = x - x.max()
+    top = x.max()
+    if np.isposinf(top):
+        x = (x == top).astype(np.float64)
+        return x / x.sum()
+    x = x - top
     np.exp(x, out=x)
     x /= x.sum()
     return x

@@ -23,7 +23,7 @@ class StopChecker:
         self.token_ids: list[int] = []
         self._bytes = b""
         self._released = 0  # chars of the decoded text already released
-        self.finished: str | None = None  # "stop" | "length"
+        self.finished: str | None = None  # "stop" | "length" | "content_filter"
         self.eos_token: int | None = None  # the end-of-sequence token that finished it (in no text, no token_ids)
         self._holdback = max((len(s) for s in params.stop), default=1) - 1
         self.text = ""
@@ -56,6 +56,11 @@ class StopChecker:
         """
         hits = [self.text.find(s, max(0, self._released - len(s) + 1)) for s in self.params.stop]
         return min((at for at in hits if at != -1), default=None)
+
+    def finish_filtered(self) -> str:
+        """No token is left to emit (the request's logit_bias, grammar and penalties exclude
+        the whole vocabulary at the next position): end with finish_reason "content_filter"."""
+        return "" if self.finished else self._finish("content_filter")
 
     def finish_length(self) -> str:
         """The context filled up: release whatever is held."""

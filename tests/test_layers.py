@@ -15,7 +15,8 @@ PACKAGE = Path(speclm.__file__).parent
 LAYERS = [
     ("foundations", ["speclm.errors", "speclm.machine", "speclm.options", "speclm.metrics"]),
     ("arithmetic and the llama.cpp library", ["speclm.sampling", "speclm.constraints", "speclm.costs",
-                                               "speclm.llama_lib", "speclm.native"]),
+                                               "speclm.llama_lib", "speclm.native",
+                                               "speclm.grammar_safety", "speclm.grammar_worker"]),
     ("model files", ["speclm.models"]),
     ("backends", ["speclm.backends"]),
     ("request parts", ["speclm.stops", "speclm.prefix_cache", "speclm.heads"]),

@@ -103,8 +103,8 @@ def toy():
 
 
 SURROGATES = [(C, b'{"model": "\\ud800", "prompt": "abc"}', "model"),
-              (C, b'{"prompt": "ab\\ud800c"}', None),
-              (CHAT, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', None),
+              (C, b'{"prompt": "ab\\ud800c"}', "prompt"),
+              (CHAT, b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages"),
               (C, b'{"prompt": "abc", "speculative": {"\\ud800": 1}}', "speculative")]
 
 

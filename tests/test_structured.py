@@ -274,3 +274,63 @@ def test_bad_grammars_are_refused_with_the_engines_message(llm):
     with LLM(target=ToyBackend(6, seed=1)) as no_eos:
         with pytest.raises(InvalidRequestError, match="no end-of-text token"):
             no_eos.generate([0, 1], SamplingParams(grammar=Grammar.regex("ab")), SpecConfig(method="ar"))
+
+
+# ---- no token left (logit_bias x grammar): docs/design.md#processed-distributions -------
+DIGITS = [ALPHABET.index(c) for c in "0123456789"]
+LATE = dict(grammar=Grammar.regex("[0-9]{3}"), logit_bias={**{t: 100 for t in DIGITS}, EOS: -100})
+
+
+@pytest.mark.parametrize("method,k", METHODS)
+def test_a_row_with_no_token_left_stops_the_request_where_plain_decoding_does(llm, method, k):
+    """Forcing the digits and banning the end token: after three digits the grammar allows
+    only the end, which is banned. Plain decoding and every method emit the same three
+    digits, never a banned token, and stop with finish_reason content_filter."""
+    for sampling in (dict(), dict(temperature=1.0, seed=5)):
+        params = SamplingParams(max_new_tokens=12, **sampling, **LATE)
+        ar = llm.generate(prompt(llm), params, SpecConfig(method="ar"))
+        sd = llm.generate(prompt(llm), params, SpecConfig(method=method, k=k))
+        assert ar.finish_reason == sd.finish_reason == "content_filter"
+        assert sd.token_ids == ar.token_ids and len(ar.token_ids) == 3 and set(ar.token_ids) <= set(DIGITS)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, **LATE)  # unseeded: any digits, the same stop
+    for _ in range(3):
+        res = llm.generate(prompt(llm), params, SpecConfig(method=method, k=k))
+        assert res.finish_reason == "content_filter" and len(res.token_ids) == 3 and set(res.token_ids) <= set(DIGITS)
+
+
+def test_an_empty_row_inside_a_draft_accepts_the_tokens_before_it_and_stops(llm, monkeypatch):
+    """Row i of a block with no token left: the draft's tokens before it are accepted or
+    rejected as usual (rejected: the request goes on), all accepted: the request stops."""
+    from speclm.speculative.loop import Generation
+    real = Generation.distributions
+    cut = {"at": None}
+
+    def emptied(self, rows, draft):
+        p = real(self, rows, draft)
+        if cut["at"] is not None and len(p) > cut["at"] + 1 and len(self.stops.token_ids) >= 2:
+            p[cut["at"]] = None
+            cut["at"] = None  # once
+        return p
+
+    monkeypatch.setattr(Generation, "distributions", emptied)
+    ids = llm.target.tokenize('{"a": 1, "b": "ab"} {"a": 1, "b": "ab"} ')
+    params = SamplingParams(max_new_tokens=40, grammar=Grammar.json_schema(SCHEMA))
+    full = llm.generate(ids, params, SpecConfig(method="sd-suffix", k=8))
+    cut["at"] = 2
+    res = llm.generate(ids, params, SpecConfig(method="sd-suffix", k=8))
+    assert res.finish_reason == "content_filter" and res.token_ids == full.token_ids[:len(res.token_ids)]
+
+
+def test_conflicts_decided_at_the_first_token_are_errors(llm):
+    grammar = Grammar.regex("[0-9]{3}")
+    a = ALPHABET.index("a")
+    cases = [(dict(grammar=grammar, logit_bias={a: 100}), "forces .* does not allow as the first token"),
+             (dict(grammar=grammar, logit_bias={t: -100 for t in DIGITS}), "bans .* every token the grammar allows"),
+             (dict(logit_bias={t: -100 for t in range(len(ALPHABET))}), "every token of the vocabulary")]
+    for settings_, words in cases:
+        for method in ("ar", "auto"):
+            with pytest.raises(InvalidRequestError, match=words):
+                llm.generate(prompt(llm), SamplingParams(max_new_tokens=4, **settings_), SpecConfig(method=method))
+    ok = llm.generate(prompt(llm), SamplingParams(max_new_tokens=4, grammar=grammar,
+                                                  logit_bias={DIGITS[3]: 100, EOS: 100}), SpecConfig(method="auto"))
+    assert ok.text == "333" and ok.finish_reason == "stop"  # +100 leaves the forced tokens only: the end among them

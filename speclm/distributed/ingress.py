@@ -52,6 +52,7 @@ class RemoteHandle:
         self._error: BaseException | None = None
         self._task: asyncio.Task | None = None
         self.served_by: str | None = None
+        self.echo: str | None = None  # echo: true: the prompt's text, as the replica read it
         self.attempts = 0
         self.delivered = False  # whether text reached the client (a stream's reader): then no retry
 
@@ -70,6 +71,8 @@ class RemoteHandle:
                         self.served_by = value
                         if not accepted.done():
                             accepted.set_result(None)
+                    elif kind == "echo":
+                        self.echo = value
                     elif kind == "text":
                         self._items.append(value)
                         self._signal()

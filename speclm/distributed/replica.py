@@ -69,6 +69,8 @@ class EngineReplica:
             yield "error", exc
             return
         yield "accepted", self.name
+        if getattr(handle, "echo", None) is not None:  # echo: true: the prompt's text (app.ServerState.submit)
+            yield "echo", handle.echo
         try:
             async for text in handle.astream():
                 yield "text", text

@@ -32,6 +32,7 @@ Contracts:
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -40,9 +41,11 @@ from fastapi import FastAPI
 
 from ..api import LLM
 from ..backends.base import Backend
+from ..constraints import warm as warm_grammars
 from ..engine import Engine, RequestHandle
 from ..errors import InvalidRequestError
 from ..models.catalog import identify
+from ..sampling import first_row_problem
 from ..speculative.loop import context_problem
 from ..speculative.methods import get_method, priced_proposals
 from .config import ServerConfig
@@ -50,7 +53,7 @@ from .access import Access
 from .http import http_app
 from .prom import ServerMetrics
 from .tenants import SHARED, Tenants
-from .schemas import ParamError, _GenerationRequest, api_error
+from .schemas import ParamError, _GenerationRequest, api_error, hide_path
 from .structured import compiled
 
 
@@ -73,11 +76,17 @@ class ServerState:
         self.engine = Engine(llm, config.max_concurrency, config.max_queue)
         self.tenants = Tenants(config.keys, config.share_cache)
         self.access = Access(self.tenants, config.operator_key)
+        for backend in (llm.target, self.draft):  # messages name the model files, never their paths
+            if backend is not None and backend.path is not None:
+                for path in {str(backend.path), str(Path(backend.path).resolve()), str(backend.name)}:
+                    hide_path(path, Path(backend.path).name)
         self.target_id = _identity(llm.target)
         self.draft_id = _identity(self.draft) if self.draft is not None else None
         self.metrics = ServerMetrics(lambda: self.engine.load, llm.speculator_state, llm.suffix_cache_stats,
                                      llm.prefix_cache_stats)
         self.created = int(time.time())
+        # the grammar tokenizers and the compile worker, built while the server starts taking requests
+        threading.Thread(target=warm_grammars, args=(llm.target,), name="speclm-grammar-warm", daemon=True).start()
         self.closing = False
         self._accounting: set[asyncio.Task] = set()
 
@@ -102,8 +111,10 @@ class ServerState:
         spec = replace(req.spec(self.spec, has_draft=self.draft is not None),
                        cache_scope=self.tenants.scope_of(tenant))
         params = req.sampling(1)  # validate the sampling fields before paying for tokenization
-        if params.grammar is not None:
-            compiled(params.grammar, self.llm.target, req.grammar_param)
+        allowed = None if params.grammar is None else compiled(params.grammar, self.llm.target, req.grammar_param)
+        vocab = self.llm.target.vocab_size
+        if problem := first_row_problem(params, vocab, allowed, f"the {req.grammar_param} grammar"):
+            raise ParamError(problem, "logit_bias")  # decided now: a 400, never a stop after the 200
         ids, n_ctx = req.prompt_ids(self.llm), self.llm.target.n_ctx
         if problem := context_problem(n_ctx, len(ids), asked, name):
             message, culprit = problem
@@ -113,9 +124,14 @@ class ServerState:
         if asked is None:
             asked = min(req.default_max_tokens or limit, limit, n_ctx - len(ids))
         try:
-            return self.engine.submit(ids, req.sampling(asked), spec, prediction=req.prediction_text())
+            handle = self.engine.submit(ids, req.sampling(asked), spec, prediction=req.prediction_text())
         except InvalidRequestError as exc:
             raise req.naming(exc) from None
+        if getattr(req, "echo", False):  # the prompt echoed before the completion: as sent, or its ids decoded
+            handle.echo = req.echo_text()
+            if handle.echo is None:
+                handle.echo = b"".join(self.llm.target.token_bytes(t) for t in ids).decode("utf-8", "replace")
+        return handle
 
     async def open(self, req: _GenerationRequest, tenant: str | None) -> RequestHandle:
         """Submit in a worker thread; bad input raises its APIError."""

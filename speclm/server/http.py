@@ -156,7 +156,17 @@ async def answer(front: Frontend, req: _GenerationRequest, request: Request) -> 
             front.account(h)
     if any(r.finish_reason == "cancelled" for r in results):
         raise cancelled()
-    return JSONResponse(response_body(rid, front.model_id, results, chat, tools), headers=_served(handles[0]))
+    echoes = [_echo(part, h) for part, h in zip(parts, handles)]
+    return JSONResponse(response_body(rid, front.model_id, results, chat, tools, echoes), headers=_served(handles[0]))
+
+
+def _echo(req: _GenerationRequest, handle: Handle) -> str | None:
+    """What echo: true puts before a completion's text: the prompt as the frontend decoded it,
+    else as sent (a replica that sent none); None without echo."""
+    if not getattr(req, "echo", False):
+        return None
+    echo = getattr(handle, "echo", None)
+    return echo if echo is not None else (req.echo_text() or "")
 
 
 async def _open_all(front: Frontend, parts: list[_GenerationRequest], tenant: str | None) -> list[Handle]:
@@ -250,7 +260,11 @@ def http_app(front: Frontend) -> FastAPI:
             return validation_error(exc.errors()).response()
         if isinstance(exc, StarletteHTTPException):
             type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-            return APIError(exc.status_code, str(exc.detail), type_).response(exc.headers)
+            detail = str(exc.detail)
+            if exc.status_code == 400 and detail == "There was an error parsing the body":  # Starlette's words
+                detail = ("the request body could not be parsed: not JSON, JSON nested too deeply, or a number "
+                          "of over 4300 digits")
+            return APIError(exc.status_code, detail, type_).response(exc.headers)
         return api_error(exc).response()
 
     for kind in (APIError, RequestValidationError, StarletteHTTPException, Exception):

@@ -153,20 +153,23 @@ def chat_finish_reason(r: GenerationResult, calls: list) -> str:
 
 
 def response_body(rid: str, model: str, results: list[GenerationResult], chat: bool,
-                  tools: set[str] | None = None) -> dict:
+                  tools: set[str] | None = None, echoes: list[str | None] | None = None) -> dict:
     """The non-streaming response for finished results, one choice each in order (a chat
-    request has one; a completions request one per prompt); a completion that scored its
-    prompt, echo, starts with the prompt's text; with `tools` (the functions a chat
-    answer may call) its calls are parsed into tool_calls."""
+    request has one; a completions request one per prompt); with `tools` (the functions a chat
+    answer may call) its calls are parsed into tool_calls. A completion with an echo (its
+    prompt's text: echo: true) starts with it; one that scored its prompt (echo with
+    logprobs) starts with the text its prompt tokens decode to, as its logprobs count it."""
     if chat:
         r = results[0]
         content, calls = parse_calls(r.text, tools) if tools else (r.text, [])
         message = AssistantMessage(content=content, tool_calls=[c.as_dict() for c in calls] or None)
         return ChatCompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[ChatChoice(
             message=message, logprobs=result_logprobs(r, chat), finish_reason=chat_finish_reason(r, calls))]).model_dump()
+    echoes = echoes or [None] * len(results)
     return CompletionResponse(id=rid, model=model, usage=Usage.of_all(results), choices=[CompletionChoice(
-        index=i, text=echoed(r) + r.text, logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)
-        for i, r in enumerate(results)]).model_dump()
+        index=i, text=(echoed(r) if r.prompt_logprobs is not None else echo or "") + r.text,
+        logprobs=result_logprobs(r, chat), finish_reason=r.finish_reason)
+        for i, (r, echo) in enumerate(zip(results, echoes))]).model_dump()
 
 
 def chunk_body(rid: str, model: str, created: int, chat: bool, text: str | None = None,

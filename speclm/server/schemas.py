@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
 from starlette.requests import ClientDisconnect
 
 from ..api import SpecConfig
-from ..constraints import Grammar
+from ..constraints import Grammar, model_label
 from ..errors import BackendError, BusyError, InvalidRequestError, SpeclmError
 from ..options import options_of
 from ..sampling import MAX_LOGPROBS, SamplingParams
@@ -76,6 +76,16 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def unicode_text(text: str, param: str, where: str | None = None) -> str:
+    """text, or a ParamError naming `param` when it is not Unicode text a model can read
+    (a lone surrogate, which JSON's \\ud800 escapes can carry, has no UTF-8 form)."""
+    if printable(text) != text:
+        at = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
+        raise ParamError(f"{where or param} must be valid Unicode text: it holds a lone surrogate "
+                         f"{text[at].encode('utf-8', 'backslashreplace').decode()} at character {at}", param)
+    return text
+
+
 def quoted(text: str, limit: int = 200) -> str:
     """A client's string for an error message: repr-quoted (control characters and lone
     surrogates escaped) and cut to `limit` characters."""
@@ -83,9 +93,23 @@ def quoted(text: str, limit: int = 200) -> str:
     return printable(repr(text))
 
 
+# server paths a client-facing message must not show -> what it shows instead (hide_path)
+_HIDDEN: dict[str, str] = {}
+
+
+def hide_path(path: str, shown: str) -> None:
+    """Error messages show `shown` wherever they would name `path` (a served model file's
+    absolute path: the message names the file, never where it lies on the server)."""
+    if path and path != shown:
+        _HIDDEN[path] = shown
+
+
 def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
-    """OpenAI's error object (the message made safe to render, whatever it echoes)."""
+    """OpenAI's error object (the message made safe to render, whatever it echoes, and
+    free of the server's model paths)."""
+    for path in sorted(_HIDDEN, key=len, reverse=True):
+        message = message.replace(path, _HIDDEN[path])
     return {"error": {"message": printable(message), "type": type_,
                       "param": None if param is None else printable(param), "code": code}}
 
@@ -320,8 +344,14 @@ class CompletionRequest(_GenerationRequest):
         return {"logprobs": self.logprobs, "prompt_logprobs": self.logprobs if self.echo else None}
 
     def prediction_text(self) -> str | None:
-        return self.prediction if self.prediction is None or isinstance(self.prediction, str) \
+        text = self.prediction if self.prediction is None or isinstance(self.prediction, str) \
             else self.prediction.text()
+        return None if text is None else unicode_text(text, "prediction")
+
+    def echo_text(self) -> str | None:
+        """The prompt as sent, when it is text (echo: true echoes it); None for token ids."""
+        prompt = self.prompt[0] if isinstance(self.prompt, list) and len(self.prompt) == 1 else self.prompt
+        return prompt if isinstance(prompt, str) else None
 
     def scores_only(self) -> bool:
         """max_tokens 0 with echo and logprobs: score the prompt, generate nothing."""
@@ -345,6 +375,8 @@ class CompletionRequest(_GenerationRequest):
         """Text tokenized as `llm.encode` does; token ids pass through (one prompt: `prompts()`)."""
         if isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int):
             raise ParamError("several prompts are answered one choice each: split them with prompts()", "prompt")
+        if isinstance(self.prompt, str):
+            unicode_text(self.prompt, "prompt")
         return llm.encode(self.prompt)  # empty text or ids: InvalidRequestError
 
 
@@ -431,15 +463,19 @@ class ChatCompletionRequest(_GenerationRequest):
         return {"logprobs": (self.top_logprobs or 0) if self.logprobs else None}
 
     def prediction_text(self) -> str | None:
-        return None if self.prediction is None else self.prediction.text()
+        return None if self.prediction is None else unicode_text(self.prediction.text(), "prediction")
 
     def prompt_ids(self, llm: LLM) -> list[int]:
         """The messages rendered with the target's chat template: its markup tokenized
         with control tokens, the contents as plain text (no message can forge a turn)."""
         messages = [m.as_template_input(i) for i, m in enumerate(self.messages)]
+        for i, m in enumerate(messages):
+            unicode_text(m["content"], "messages", f"messages[{i}].content")
+            unicode_text(json.dumps(m, ensure_ascii=False), "messages", f"messages[{i}] (as JSON)")
         if not any(m["content"].strip() or m.get("tool_calls") for m in messages):
             raise ParamError("the messages are empty: give some text", "messages")
         tools = [t.model_dump(exclude_none=True) for t in self.tools or []]
+        unicode_text(json.dumps(tools, ensure_ascii=False), "tools", "tools (as JSON)")
         for where, value in [("tools", tools), *[(f"messages[{i}].tool_calls", m.get("tool_calls"))
                                                  for i, m in enumerate(messages)]]:
             if value and llm.target.holds_control_text(json.dumps(value, ensure_ascii=False)):

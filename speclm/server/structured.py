@@ -10,17 +10,19 @@
 - speclm's extensions: {"type": "regex", "regex": PATTERN} and
   {"type": "lark", "lark": GRAMMAR} (llguidance's Lark dialect).
 
-A format that does not compile against the model's vocabulary is a 400 naming
-`response_format`, with llguidance's message.
+A format that does not compile against the model's vocabulary, is over speclm's
+bounds (speclm/grammar_safety.py) or fails at its first token is a 400 naming
+`response_format` (`tools` for the call grammar), with llguidance's message or the bound.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..constraints import Grammar, check_grammar
+from ..constraints import Grammar, first_allowed
 from ..errors import InvalidRequestError
 
 _STRICT = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
@@ -69,10 +71,12 @@ class ResponseFormat(BaseModel):
         return None
 
 
-def compiled(grammar: Grammar, backend, param: str) -> None:
-    """Raise a 400 naming `param` unless `grammar` compiles against backend's vocabulary."""
+def compiled(grammar: Grammar, backend, param: str) -> np.ndarray:
+    """The tokens `grammar` allows first (bool per vocabulary entry); a 400 naming `param`
+    unless it compiles against backend's vocabulary (compiled safely, within speclm's
+    bounds, first mask included: constraints.matcher_for)."""
     try:
-        check_grammar(grammar, backend)
+        return first_allowed(grammar, backend)
     except InvalidRequestError as exc:
         raise _bad(f"{param}: {exc}", param) from None
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.base import Backend
-from ..constraints import GrammarMask
+from ..constraints import GrammarMask, model_label
 from ..costs import clock_ms
 from ..errors import InvalidRequestError
 from ..metrics import GenerationResult, RoundRecord, TokenLogprob, summarize
-from ..sampling import Processors, SamplingParams, keyed_sample, sample, target_probs, token_logprob
+from ..sampling import (Processors, SamplingParams, empty_row, first_row_problem, keyed_sample, sample,
+                        target_probs, token_logprob)
 from ..stops import StopChecker
 from .controller import Controller
 from .proposers.base import Draft, Proposer
@@ -190,6 +191,10 @@ class Generation:
         self.processors: list[Processors | GrammarMask] = [
             *([Processors(params, prompt_ids)] if params.processed else []),
             *([self.grammar] if self.grammar is not None else [])]
+        if params.logit_bias:  # a bias that leaves no first token is the request's error, not a stop
+            allowed = self.grammar.allowed() if self.grammar is not None else None
+            if problem := first_row_problem(params, target.vocab_size, allowed):
+                raise InvalidRequestError(problem)
         self.prediction = prediction  # the client's expected output (token ids), a draft source
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[TokenLogprob] | None = None if params.prompt_logprobs is None else \
@@ -335,38 +340,55 @@ class Generation:
         return Round(d, [*rnd.lead, self.context[-1], *d.tokens], rnd.note, info, rnd.draft_ms, rnd.forced_at,
                      rnd.full, rnd.expected, rnd.room, rnd.lead)
 
-    def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray]:
+    def distributions(self, rows: np.ndarray, draft: list[int]) -> list[np.ndarray | None]:
         """Stage 2's processing of this request's scored rows: row i processed with
         the prefix context + draft[:i] (the request's processors, the grammar's mask
-        last), then its sampling applied: p_1..p_{K+1}. Keeps the raw rows for
-        `complete` when logprobs are asked."""
+        last), then its sampling applied: p_1..p_{K+1}. A row the processors leave no
+        token in is None (`complete` ends the request there: docs/design.md#processed-distributions).
+        Keeps the raw rows for `complete` when logprobs are asked."""
         if self.logprobs is not None:
             self._raw_rows = rows
+        if not self.processors:
+            return [target_probs(row, self.params) for row in rows]
         for processor in self.processors:
             rows = processor.process(rows, draft)
-        return [target_probs(row, self.params) for row in rows]
+        return [None if empty_row(row) else target_probs(row, self.params) for row in rows]
 
-    def complete(self, rnd: Round, p: list[np.ndarray], verify_ms: float,
+    def complete(self, rnd: Round, p: list[np.ndarray | None], verify_ms: float,
                  batch_passes: list[int] | None = None) -> bool:
         """Stages 3–5 of a planned round from its scored distributions p_1..p_{K+1};
-        True once the generation has finished. batch_passes: the rows of each pass of
+        True once the generation has finished. A row with no token left (None) ends the
+        request there with finish_reason "content_filter", the tokens before it accepted
+        or rejected as usual. batch_passes: the rows of each pass of
         the whole forward when other requests shared it (verify_ms is its time)."""
         d, note, info, draft_ms = rnd.draft, rnd.note, rnd.info, rnd.draft_ms
         if rnd.lead:
             self.prefilled(len(rnd.lead))
         t2 = clock_ms()
         at = self.noise_position
+        empty = next((i for i, row in enumerate(p) if row is None), None)
+        if empty is not None:  # no token is left at draft position `empty`: the draft is verified up to it
+            d.truncate(empty)
         a = accept(d, p, self.params, self.rng, at)
-        last = resample(p[a], d.q[a] if a < len(d) else None,
-                        d.tokens[a] if a < len(d) else None, self.params, self.rng, at + a)
-        iterate(self.target, self.seq, self.context, d, a, last, self.processors)
-        if self.proposer is not None and self.k > 0:
-            self.proposer.verified(d, p[:a + 1], a)
+        if a == empty:  # every token before the empty row accepted: plain decoding stops there too
+            last = None
+            self.target.rollback(self.seq, len(self.context) + a)
+            self.context.extend(d.tokens[:a])
+            for processor in self.processors:
+                processor.advance(d.tokens[:a])
+        else:
+            last = resample(p[a], d.q[a] if a < len(d) else None,
+                            d.tokens[a] if a < len(d) else None, self.params, self.rng, at + a)
+            iterate(self.target, self.seq, self.context, d, a, last, self.processors)
+            if self.proposer is not None and self.k > 0:
+                self.proposer.verified(d, p[:a + 1], a)
         n_before = len(self.stops.token_ids)
-        for tok in (*d.tokens[:a], last):
+        for tok in (*d.tokens[:a], *([] if last is None else [last])):
             self._emit(self.stops.push(tok))
             if self.finished:
                 break
+        if last is None:
+            self._emit(self.stops.finish_filtered())
         delivered = len(self.stops.token_ids) - n_before  # EOS or a stop may cut the round short
         if rnd.forced_at:  # the round's facts: forced drafts, taken
             taken = sum(i < min(a, delivered) for i in rnd.forced_at)
@@ -382,7 +404,8 @@ class Generation:
         t3 = clock_ms()
         if self.ttft_ms is None:
             self.ttft_ms = t3 - self.t_start
-        record = RoundRecord(proposed=len(d), accepted=min(a, delivered), discarded=a + 1 - delivered,
+        produced = a + (last is not None)  # the accepted tokens and the resampled one, if any
+        record = RoundRecord(proposed=len(d), accepted=min(a, delivered), discarded=produced - delivered,
                              draft_ms=draft_ms, verify_ms=verify_ms, other_ms=t3 - t2, note=note,
                              info=info, batch_passes=batch_passes, at_ms=t3 - self.t_start,
                              prompt_rows=len(rnd.lead))
@@ -454,5 +477,5 @@ def check_request(target: Backend, prompt_ids: list[int], k: int, params: Sampli
         raise InvalidRequestError(f"K (draft length) must be an integer >= 0, got {k!r}")
     outside = [t for t, _ in params.logit_bias if t >= target.vocab_size] if params is not None else []
     if outside:
-        raise InvalidRequestError(f"logit_bias names token {outside[0]}, outside {target.name}'s vocabulary "
+        raise InvalidRequestError(f"logit_bias names token {outside[0]}, outside {model_label(target)}'s vocabulary "
                                   f"[0, {target.vocab_size})")
