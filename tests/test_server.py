@@ -182,7 +182,6 @@ BAD_INPUTS = [
     ("empty prompt", C, {"prompt": ""}, 400, "empty"),
     ("blank prompt", C, {"prompt": "  \n"}, 400, "empty"),
     ("empty prompt list", C, {"prompt": []}, 400, "prompt"),
-    ("batched prompts", C, {"prompt": ["a", "b"]}, 400, "batched"),
     ("token id out of range", C, {"prompt": [10**9]}, 400, "token ids"),
     ("missing prompt", C, {"max_tokens": 3}, 400, "prompt"),
     ("max_completion_tokens 0", CHAT, {"messages": [{"role": "user", "content": "hi"}],
