@@ -121,6 +121,18 @@ __attribute__((target(SPECLM_AVX2))) inline __m256 block_term(__m256i isum, __m2
 }
 
 constexpr int ROW_TILE = 64;  // activation rows whose accumulators live on the stack at once
+constexpr int PREFETCH = 2048;  // bytes of weights requested ahead of the block being unpacked
+
+// Ask for the weights PREFETCH bytes ahead: a block's unpacking and its rows' dots are a long chain of
+// work, so the out-of-order window alone runs only two or three blocks ahead of the loads, and weights
+// streamed from memory (all but the smallest matrices) would wait on each cache miss in turn.
+inline void prefetch_ahead(const uint8_t *block) {
+    const char *p = (const char *)block + PREFETCH;
+    _mm_prefetch(p, _MM_HINT_T0);
+    _mm_prefetch(p + 64, _MM_HINT_T0);
+    _mm_prefetch(p + 128, _MM_HINT_T0);
+    _mm_prefetch(p + 192, _MM_HINT_T0);
+}
 
 template <typename T>
 __attribute__((target(SPECLM_AVX2))) void gemm_avx2(const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1,
@@ -135,6 +147,7 @@ __attribute__((target(SPECLM_AVX2))) void gemm_avx2(const uint8_t *w, size_t w_r
         for (int b = 0; b < act.nb; ++b) {
             __m256i wv[8], bm;
             float d, cb;
+            prefetch_ahead(row + b * T::bytes);
             T::avx2(row + b * T::bytes, wv, s, bm, d, cb);
             const __m256 vd = _mm256_set1_ps(d), vcb = _mm256_set1_ps(cb);
             const __m256i *y = (const __m256i *)act.row_qs(b, j0);
@@ -240,6 +253,8 @@ __attribute__((target(SPECLM_AVX512))) void gemm_avx512(const uint8_t *w, size_t
         const uint8_t *row0 = w + r * w_row_bytes, *row1 = row0 + w_row_bytes;
         for (int b = 0; b < act.nb; ++b) {
             Block512 u0, u1;
+            prefetch_ahead(row0 + b * T::bytes);
+            prefetch_ahead(row1 + b * T::bytes);
             unpack512(row0 + b * T::bytes, T{}, u0);
             unpack512(row1 + b * T::bytes, T{}, u1);
             const int8_t *y = act.row_qs(b, j0);
@@ -260,6 +275,7 @@ __attribute__((target(SPECLM_AVX512))) void gemm_avx512(const uint8_t *w, size_t
         const uint8_t *row = w + r * w_row_bytes;
         for (int b = 0; b < act.nb; ++b) {
             Block512 u;
+            prefetch_ahead(row + b * T::bytes);
             unpack512(row + b * T::bytes, T{}, u);
             const int8_t *y = act.row_qs(b, j0);
             const int16_t *bs = act.row_bsums(b, j0);
