@@ -97,6 +97,53 @@ def test_odd_shapes_match_the_reference(weight_type, isa, rows, k):
                      f"{weight_type} {isa} {rows}x{k}, {ny} rows")
 
 
+def scales_mins(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A Q4_K block's twelve scale bytes (..., 12) as its eight 6-bit scales and eight 6-bit mins."""
+    sc = sc.astype(np.int32)
+    lo = sc[..., 0:4] & 63, sc[..., 4:8] & 63
+    hi = (sc[..., 8:12] & 15) | ((sc[..., 0:4] >> 6) << 4), (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
+    return np.concatenate([lo[0], hi[0]], -1), np.concatenate([lo[1], hi[1]], -1)
+
+
+def pack_scales_mins(s: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The inverse of scales_mins: eight 6-bit scales and mins (..., 8) as twelve bytes."""
+    return np.concatenate([s[..., :4] | ((s[..., 4:] >> 4) << 6), m[..., :4] | ((m[..., 4:] >> 4) << 6),
+                           (s[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)], -1).astype(np.uint8)
+
+
+def interleave_q4k(raw: np.ndarray) -> np.ndarray:
+    """Q4_K rows (rows x nb*144 bytes) as llama.cpp's CPU_REPACK lays them out on x86 (block_q4_Kx8):
+    for each eight rows and each block, the eight rows' d, then their dmin, then for each sub-block
+    the eight rows' scales and mins packed as a Q4_K block packs its own eight sub-blocks, then the
+    quant bytes eight at a time, row after row."""
+    rows, nb = raw.shape[0], raw.shape[1] // 144
+    blocks = raw.reshape(rows // 8, 8, nb, 144).transpose(0, 2, 1, 3)  # group, block, row, bytes
+    s, m = scales_mins(blocks[..., 4:16])  # group, block, row, sub-block
+    packed = pack_scales_mins(s.swapaxes(-1, -2), m.swapaxes(-1, -2))  # group, block, sub-block, 12
+    qs = blocks[..., 16:].reshape(rows // 8, nb, 8, 16, 8).transpose(0, 1, 3, 2, 4)  # group, block, i, row, 8
+    out = np.concatenate([blocks[..., 0:2].reshape(rows // 8, nb, 16), blocks[..., 2:4].reshape(rows // 8, nb, 16),
+                          packed.reshape(rows // 8, nb, 96), qs.reshape(rows // 8, nb, 1024)], -1)
+    return out.reshape(rows, -1)  # same bytes per row as the plain layout, only moved
+
+
+@pytest.mark.parametrize("isa", isas())
+def test_the_interleaved_layout_gives_the_plain_layouts_floats(isa):
+    # the interleaved kernels read CPU_REPACK's layout and sum in the plain kernels' order
+    rng = np.random.default_rng(3)
+    raw = random_blocks("q4_K", 24, 768, rng)
+    inter = interleave_q4k(raw)
+    for ny in list(range(1, 65)) + [65, 130]:
+        x = rng.standard_normal((ny, 768)).astype(np.float32)
+        np.testing.assert_array_equal(native.gemm("q4_K_x8", inter, 768, x, isa), native.gemm("q4_K", raw, 768, x, isa),
+                                      err_msg=f"{isa} {ny} rows")
+
+
+def test_the_interleaved_layout_needs_rows_in_eights():
+    raw = interleave_q4k(random_blocks("q4_K", 8, 256, np.random.default_rng(4)))[:7]
+    with pytest.raises(ValueError, match="refused q4_K_x8"):
+        native.gemm("q4_K_x8", raw, 256, np.ones((2, 256), np.float32), isas()[0])
+
+
 def shipped_tensors(model: str) -> list[tuple[str, str, np.ndarray, int]]:
     """(name, type, the first 48 rows' raw bytes, K) of each Q4_K/Q6_K matmul weight kind of a shipped model."""
     from speclm.models.catalog import resolve_model
@@ -123,7 +170,10 @@ def test_real_tensors_of_the_shipped_models_match_the_reference(model):
             x = rng.standard_normal((ny, k)).astype(np.float32)
             want = reference(weight_type, raw, x)
             for isa in isas():
-                assert_close(native.gemm(weight_type, raw, k, x, isa), want, f"{model} {name} {isa} {ny} rows")
+                got = native.gemm(weight_type, raw, k, x, isa)
+                assert_close(got, want, f"{model} {name} {isa} {ny} rows")
+                if weight_type == "q4_K":
+                    np.testing.assert_array_equal(native.gemm("q4_K_x8", interleave_q4k(raw), k, x, isa), got)
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -184,6 +234,17 @@ def target_pair():
     plain.close()
 
 
+@pytest.fixture(scope="module")
+def repack_target():
+    """The shipped target on llama.cpp's own best kernels (CPU_REPACK)."""
+    from speclm.backends.llamacpp import LlamaCppBackend
+    from speclm.models.catalog import resolve_model
+    backend = LlamaCppBackend(resolve_model("qwen2.5-coder-1.5b"), n_ctx=256, n_threads=2, n_seq_max=1,
+                              kernels=K.parse_config("repack"))
+    yield backend
+    backend.close()
+
+
 def scores(backend, tokens: list[int], blocks) -> dict[int, np.ndarray]:
     seq = backend.new_sequence()
     backend.prefill(seq, tokens[:24])
@@ -214,3 +275,25 @@ def test_inside_llama_cpp_they_compute_the_verify_blocks_and_agree_with_the_plai
     inside = [b for b in blocks if lo <= b <= min(hi, 33)]
     for b in inside[1:]:
         np.testing.assert_array_equal(got[b][:inside[0]], got[inside[0]][:b])
+
+
+@pytest.mark.slow
+def test_what_they_decline_runs_llama_cpps_repacked_kernels_bit_for_bit(target_pair, repack_target):
+    # a one-row decode after a prompt past the row range: on a CPU where CPU_REPACK interleaves Q4_K,
+    # speclm's configuration hands both to llama.cpp's own kernels on the same bytes, so a decode step
+    # costs and computes what it does on llama.cpp's best configuration
+    ours, _ = target_pair
+    lo, hi = native.rows_range()
+    if "interleaved" not in native.status().reason or lo < 2 or hi >= 80:
+        pytest.skip(f"not the default setting: {native.status().reason}")
+    tokens = ours.tokenize("for i in range(10):\n    print(i * i)\n" * 12, add_special=False)[:82]
+    got = {}
+    for name, backend in (("speclm", ours), ("repack", repack_target)):
+        seq = backend.new_sequence()
+        before = native.handled()
+        backend.prefill(seq, tokens[:80])
+        got[name] = [backend.score(seq, tokens[80:81]), backend.score(seq, tokens[81:82])]
+        assert native.handled() == before, f"{name}: speclm's kernels took a matmul outside their rows"
+        backend.free(seq)
+    for a, b in zip(got["speclm"], got["repack"]):
+        np.testing.assert_array_equal(a, b)

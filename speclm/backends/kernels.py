@@ -4,8 +4,9 @@ A configuration is two switches (docs/kernels.md):
 - buffers: where llama.cpp puts the weights. "amx" (the AMX buffer type, Intel
   Sapphire Rapids and later, compiled in when the build's CPU has AMX),
   "repack" (CPU_REPACK: weights re-laid out for multi-row kernels), "speclm"
-  (speclm's own multi-row kernels for Q4_K and Q6_K weights, the rest repacked:
-  speclm.native) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
+  (speclm's own multi-row kernels for Q4_K and Q6_K weights, Q4_K kept in
+  CPU_REPACK's interleaved layout so one-row forwards run CPU_REPACK's kernel,
+  the rest repacked: speclm.native) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
 - tiled: llama.cpp's tiled multi-row matmul for weights that are not repacked
   (`GGML_CPU_TILED_MM`, used at 8 rows and more).
 

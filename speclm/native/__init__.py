@@ -5,7 +5,10 @@ install (setup.py; an install where it cannot build still works, without it). `r
 puts its buffer type first in libggml-cpu's list before the process loads a model; it checks
 ggml's layouts first and refuses, with a reason, on any llama-cpp-python it was not written
 for. A model then uses these kernels only when loaded while `claiming` (the `speclm` kernel
-configuration); every other model runs on llama.cpp's kernels exactly as before.
+configuration); every other model runs on llama.cpp's kernels exactly as before. There, Q4_K
+weights are kept interleaved as llama.cpp's CPU_REPACK lays them out (so one-row decode runs
+llama.cpp's repacked kernel on them) unless that layout fails its check or $SPECLM_NATIVE_Q4K is
+"plain"; Q6_K weights keep ggml's plain layout.
 docs/kernels.md#speclms-kernels has the whole contract.
 """
 
@@ -23,9 +26,11 @@ PINNED_LLAMA_CPP = "0.3.36"  # the llama-cpp-python whose ggml ggml_abi.h declar
 DISABLE_ENV = "SPECLM_NATIVE"  # "0": never load the library (llama.cpp's kernels only)
 ROWS_ENV = "SPECLM_NATIVE_ROWS"  # "LO-HI": the activation rows these kernels take (default ROWS)
 ISA_ENV = "SPECLM_NATIVE_ISA"  # "avx2": run the AVX2 kernels on an AVX-512 CPU (to measure them)
+LAYOUT_ENV = "SPECLM_NATIVE_Q4K"  # "plain": Q4_K weights in ggml's layout, not CPU_REPACK's (to measure it)
+LAYOUTS = ("interleaved", "plain")
 ROWS = (2, 64)  # one-row decode stays on llama.cpp's kernels; prefill chunks past 64 rows too
 ISAS = {1: "avx2", 2: "avx512-vnni"}
-WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1}
+WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2}  # q4_K_x8: eight rows interleaved as CPU_REPACK does
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,8 @@ def _load() -> ctypes.CDLL | str:
     lib.speclm_kernels_rows.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.speclm_kernels_isa.argtypes = [ctypes.c_int]
     lib.speclm_kernels_handled.restype = ctypes.c_long
+    lib.speclm_kernels_interleaved.argtypes = [ctypes.c_int]
+    lib.speclm_kernels_interleaved_off.restype = ctypes.c_char_p
     lib.speclm_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.speclm_gemm.restype = ctypes.c_double
@@ -108,6 +115,9 @@ def register(llama_lib_dir: Path) -> Status:
         wanted = os.environ.get(ISA_ENV, "").strip().lower()
         if wanted and wanted not in ISAS.values():
             raise ValueError(f"{ISA_ENV}={wanted!r}: choose one of {', '.join(ISAS.values())}")
+        layout = os.environ.get(LAYOUT_ENV, "").strip().lower() or LAYOUTS[0]
+        if layout not in LAYOUTS:
+            raise ValueError(f"{LAYOUT_ENV}={layout!r}: choose one of {', '.join(LAYOUTS)}")
     except ValueError as exc:
         _status = Status(False, f"speclm's kernels are off: {exc}")
         return _status
@@ -118,7 +128,13 @@ def register(llama_lib_dir: Path) -> Status:
     loaded.speclm_kernels_rows(lo, hi)
     _lib = loaded
     isa = force_isa(wanted) if wanted else ISAS.get(loaded.speclm_kernels_isa(0), "?")
-    _status = Status(True, f"{isa} for {lo}-{hi} rows", isa)
+    if loaded.speclm_kernels_interleaved(int(layout == "interleaved")) == 1:
+        q4k = "Q4_K interleaved as CPU_REPACK lays it out"
+    elif layout == "plain":
+        q4k = f"Q4_K in ggml's plain layout ({LAYOUT_ENV}=plain)"
+    else:
+        q4k = "Q4_K in ggml's plain layout: " + loaded.speclm_kernels_interleaved_off().decode("utf-8", "replace")
+    _status = Status(True, f"{isa} for {lo}-{hi} rows; {q4k}", isa)
     return _status
 
 
@@ -157,7 +173,8 @@ def force_isa(name: str) -> str:
 
 def gemm(weight_type: str, blocks: np.ndarray, k: int, x: np.ndarray, isa: str, reps: int = 0) -> np.ndarray | float:
     """out[j, r] = W[r] . x[j] by speclm's kernels, outside llama.cpp (tests): `blocks` holds the
-    weight rows' raw GGUF bytes (rows x bytes per row), x is (rows, k) float32. reps > 0: return
+    weight rows' raw GGUF bytes (rows x bytes per row; q4_K_x8: the same bytes interleaved eight rows
+    at a time, as CPU_REPACK lays them out), x is (rows, k) float32. reps > 0: return
     the fastest of `reps` runs' thread CPU time in seconds instead (x's quantisation not counted)."""
     lib = _lib if _lib is not None else _load()
     if isinstance(lib, str):

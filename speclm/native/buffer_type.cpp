@@ -1,10 +1,13 @@
-// speclm's kernels inside llama.cpp's own graph: an extra CPU buffer type, put first in the list
-// libggml-cpu consults, that claims the Q4_K and Q6_K matmul weights of the models loaded while
-// claiming is on and computes their multi-row matmuls on ggml's own threads.
+// speclm's kernels inside llama.cpp's own graph: two extra CPU buffer types, put first in the list
+// libggml-cpu consults, that claim the Q4_K and Q6_K matmul weights of the models loaded while
+// claiming is on and compute their multi-row matmuls on ggml's own threads.
 //
-// The weights keep ggml's layout in that buffer (ggml's CPU buffer, relabelled), so any matmul
-// these kernels decline (a row count outside the range, a shape they do not take) runs through
-// ggml's own code on the same bytes. docs/kernels.md#speclms-kernels explains the contract.
+// CPU_SPECLM holds Q6_K weights (and Q4_K where the interleaved type cannot run) in ggml's own
+// layout: ggml's CPU buffer, relabelled. CPU_SPECLM_Q4KX8 holds Q4_K weights as ggml's CPU_REPACK
+// lays them out (its buffer, relabelled: ggml repacks them as they load). Any matmul these kernels
+// decline (a row count outside the range, a shape they do not take) runs ggml's own code on the same
+// bytes: vec_dot for the first type, CPU_REPACK's kernels for the second, so a one-row decode costs
+// what it costs on llama.cpp's best configuration. docs/kernels.md#speclms-kernels explains the contract.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -53,20 +56,27 @@ struct Ggml {
     void (*chunk_set)(void *, int);
     int (*chunk_add)(void *, int);
     std::vector<buffer_type *> &(*extra_buffer_types)();
+    int (*tensor_alloc)(buffer *, tensor *, void *);
+    void (*tensor_set)(tensor *, const void *, size_t, size_t);
+    void *(*buffer_get_base)(buffer *);
 };
 
 constexpr int TYPE_F32 = 0, TYPE_Q4_K = 12, TYPE_Q6_K = 14, TYPE_Q8_K = 15;  // checked by name at registration
 
 Ggml g;
 int op_mul_mat = -1;
-buffer_type our_type;
+buffer_type our_type, our_x8_type;
+buffer_type *repack_type = nullptr;  // ggml's CPU_REPACK, where Q4_K weights are interleaved
+std::atomic<bool> interleaved{false};  // Q4_K weights go to our_x8_type (else to our_type, ggml's layout)
+std::string interleaved_off = "not registered";
 std::atomic<bool> claiming{false};
 std::atomic<int> min_rows{2}, max_rows{64};
 std::atomic<long> handled{0};
 speclm::Isa isa = speclm::Isa::NONE;
 bool registered = false;
 
-bool is_ours(const tensor *t) { return t && t->buf && t->buf->buft == &our_type; }
+bool in(const tensor *t, const buffer_type *type) { return t && t->buf && t->buf->buft == type; }
+bool is_ours(const tensor *t) { return in(t, &our_type) || in(t, &our_x8_type); }
 
 bool shape_ok(const tensor *op) {
     const tensor *w = op->src[0], *x = op->src[1];
@@ -86,54 +96,97 @@ bool takes(const tensor *op) {
 
 constexpr int64_t CHUNK_ROWS = 64;  // weight rows a thread takes at a time (even: the AVX-512 kernel pairs rows)
 
-class Traits : public tensor_traits {
+// The matmul on ggml's threads: activations quantised by every thread's share, then weight rows in
+// chunks. False (nothing done) where the kernels decline it.
+bool run(compute_params *p, tensor *op, speclm::WeightType type) {
+    if (!takes(op)) return false;
+    const tensor *w = op->src[0], *x = op->src[1];
+    const int ny = (int)x->ne[1];
+    const int64_t k = w->ne[0];
+    if (p->wsize < speclm::Activations::bytes(ny, k)) return false;  // the same answer on every thread
+    speclm::Activations act = speclm::Activations::in(p->wdata, ny, k);
+    if (p->ith == 0) g.chunk_set(p->threadpool, p->nth);  // chunks 0..nth-1 go to the threads in order
+    speclm::quantize_rows((const float *)x->data, x->nb[1] / sizeof(float), ny * p->ith / p->nth,
+                          ny * (p->ith + 1) / p->nth, act);
+    g.barrier(p->threadpool);
+    // weight rows in chunks taken from ggml's shared counter, so a thread that another process slows
+    // down leaves its share to the others instead of holding the step at the next barrier
+    const int64_t rows = w->ne[1], chunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    for (int64_t c = p->ith; c < chunks; c = g.chunk_add(p->threadpool, 1)) {
+        int64_t r0 = c * CHUNK_ROWS, r1 = std::min(rows, r0 + CHUNK_ROWS);
+        speclm::gemm(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act, (float *)op->data,
+                     op->nb[1] / sizeof(float), isa);
+    }
+    if (p->ith == 0) handled.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
+class Traits : public tensor_traits {  // weights in ggml's layout: declined matmuls go on to vec_dot
   public:
     bool work_size(int, const tensor *, size_t &) override {
         return false;  // ggml reserves ny * K/256 * 292 bytes for Q8_K activations: exactly what these use
     }
 
     bool compute_forward(compute_params *p, tensor *op) override {
-        if (!takes(op)) return false;
-        const tensor *w = op->src[0], *x = op->src[1];
-        const int ny = (int)x->ne[1];
-        const int64_t k = w->ne[0];
-        if (p->wsize < speclm::Activations::bytes(ny, k)) return false;  // the same answer on every thread
-        speclm::Activations act = speclm::Activations::in(p->wdata, ny, k);
-        if (p->ith == 0) g.chunk_set(p->threadpool, p->nth);  // chunks 0..nth-1 go to the threads in order
-        speclm::quantize_rows((const float *)x->data, x->nb[1] / sizeof(float), ny * p->ith / p->nth,
-                              ny * (p->ith + 1) / p->nth, act);
-        g.barrier(p->threadpool);
-        // weight rows in chunks taken from ggml's shared counter, so a thread that another process slows
-        // down leaves its share to the others instead of holding the step at the next barrier
-        const int64_t rows = w->ne[1], chunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
-        auto type = w->type == TYPE_Q4_K ? speclm::WeightType::Q4_K : speclm::WeightType::Q6_K;
-        for (int64_t c = p->ith; c < chunks; c = g.chunk_add(p->threadpool, 1)) {
-            int64_t r0 = c * CHUNK_ROWS, r1 = std::min(rows, r0 + CHUNK_ROWS);
-            speclm::gemm(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act, (float *)op->data,
-                         op->nb[1] / sizeof(float), isa);
-        }
-        if (p->ith == 0) handled.fetch_add(1, std::memory_order_relaxed);
-        return true;
+        return run(p, op, op->src[0]->type == TYPE_Q4_K ? speclm::WeightType::Q4_K : speclm::WeightType::Q6_K);
     }
 };
 
-Traits traits;
+// Weights CPU_REPACK interleaved: CPU_REPACK's own kernels (the tensor's extra) size the work buffer
+// (Q8_K activations, at least what run() needs) and compute every matmul these kernels decline.
+class TraitsX8 : public tensor_traits {
+  public:
+    bool work_size(int n, const tensor *op, size_t &size) override {
+        return repack_traits(op)->work_size(n, op, size);
+    }
 
-class Extra : public extra_buffer_type {
+    bool compute_forward(compute_params *p, tensor *op) override {
+        return run(p, op, speclm::WeightType::Q4_K_X8) || repack_traits(op)->compute_forward(p, op);
+    }
+
+  private:
+    static tensor_traits *repack_traits(const tensor *op) { return (tensor_traits *)op->src[0]->extra; }
+};
+
+Traits traits;
+TraitsX8 traits_x8;
+
+// Whether CPU_REPACK interleaves this weight (x86: Q4_K with rows in eights), so our_x8_type may hold it.
+bool repack_interleaves(const tensor *w) { return w->type == TYPE_Q4_K && w->ne[1] % 8 == 0; }
+
+// llama.cpp asks at load time with a zero-size buffer of the type (claim only while claiming); later
+// asks are about weights already placed, which must keep their answer.
+bool loading(const tensor *op) { return op->src[0]->buf->size == 0; }
+
+class Extra : public extra_buffer_type {  // CPU_SPECLM
   public:
     bool supports_op(void *, const tensor *op) override {
-        if (op->op != op_mul_mat || !is_ours(op->src[0])) return false;
-        // llama.cpp asks at load time with a zero-size buffer of this type: claim only while claiming
-        if (op->src[0]->buf->size == 0 && !claiming.load()) return false;
+        if (op->op != op_mul_mat || !in(op->src[0], &our_type)) return false;
+        if (loading(op) && (!claiming.load() || (interleaved.load() && repack_interleaves(op->src[0]))))
+            return false;  // not this model's, or for CPU_SPECLM_Q4KX8
         return shape_ok(op);
     }
 
     tensor_traits *get_tensor_traits(const tensor *op) override {
-        return op->op == op_mul_mat && is_ours(op->src[0]) ? &traits : nullptr;
+        return op->op == op_mul_mat && in(op->src[0], &our_type) ? &traits : nullptr;
+    }
+};
+
+class ExtraX8 : public extra_buffer_type {  // CPU_SPECLM_Q4KX8
+  public:
+    bool supports_op(void *, const tensor *op) override {
+        if (op->op != op_mul_mat || !in(op->src[0], &our_x8_type)) return false;
+        if (loading(op) && !(claiming.load() && interleaved.load())) return false;
+        return repack_interleaves(op->src[0]) && shape_ok(op);
+    }
+
+    tensor_traits *get_tensor_traits(const tensor *op) override {
+        return op->op == op_mul_mat && in(op->src[0], &our_x8_type) ? &traits_x8 : nullptr;
     }
 };
 
 const char *type_get_name(buffer_type *) { return "CPU_SPECLM"; }
+const char *x8_type_get_name(buffer_type *) { return "CPU_SPECLM_Q4KX8"; }
 
 buffer *type_alloc_buffer(buffer_type *bt, size_t size) {
     buffer *b = g.buft_alloc_buffer(g.cpu_buffer_type(), size);
@@ -142,6 +195,12 @@ buffer *type_alloc_buffer(buffer_type *bt, size_t size) {
 }
 
 size_t type_get_alignment(buffer_type *) { return g.buft_get_alignment(g.cpu_buffer_type()); }
+
+buffer *x8_type_alloc_buffer(buffer_type *bt, size_t size) {
+    buffer *b = g.buft_alloc_buffer(repack_type, size);
+    if (b) b->buft = bt;  // CPU_REPACK's buffer (it repacks Q4_K weights as they are set), labelled as ours
+    return b;
+}
 
 std::string error;
 
@@ -185,7 +244,40 @@ bool resolve(const std::string &dir) {
            find(base, "ggml_mul_mat", g.mul_mat) && find(base, "ggml_get_data", g.get_data) &&
            find(cpu, "ggml_barrier", g.barrier) && find(cpu, "ggml_threadpool_chunk_set", g.chunk_set) &&
            find(cpu, "ggml_threadpool_chunk_add", g.chunk_add) &&
-           find(cpu, "_Z39ggml_backend_cpu_get_extra_buffer_typesv", g.extra_buffer_types);
+           find(cpu, "_Z39ggml_backend_cpu_get_extra_buffer_typesv", g.extra_buffer_types) &&
+           find(base, "ggml_backend_tensor_alloc", g.tensor_alloc) && find(base, "ggml_backend_tensor_set", g.tensor_set) &&
+           find(base, "ggml_backend_buffer_get_base", g.buffer_get_base);
+}
+
+// CPU_REPACK in the list, checked to interleave Q4_K as x8_row_block reads it: eight rows of random
+// blocks set through ggml (which repacks them) must read back, row by row, as they were given.
+// Returns "" or why the interleaved kernels stay off (Q4_K weights then keep ggml's layout).
+std::string check_repack(std::vector<buffer_type *> &list) {
+    repack_type = nullptr;
+    for (buffer_type *t : list)
+        if (t && t->iface.get_name && std::strcmp(t->iface.get_name(t), "CPU_REPACK") == 0) repack_type = t;
+    if (!repack_type) return "llama.cpp has no CPU_REPACK buffer type in this build";
+    uint8_t blocks[8 * 144], back[144];
+    uint32_t seed = 12345;
+    for (uint8_t &byte : blocks) byte = (uint8_t)((seed = seed * 1664525u + 1013904223u) >> 24);
+    void *ctx = g.init({1 << 16, nullptr, true});
+    if (!ctx) return "ggml_init failed";
+    tensor *t = g.new_tensor_2d(ctx, TYPE_Q4_K, 256, 8);
+    buffer *buf = g.buft_alloc_buffer(repack_type, 4096);
+    std::string why;
+    if (!buf || g.tensor_alloc(buf, t, g.buffer_get_base(buf)) != 0 || !t->extra) {
+        why = "CPU_REPACK does not interleave Q4_K on this CPU";
+    } else {
+        g.tensor_set(t, blocks, 0, sizeof blocks);
+        for (int lane = 0; lane < 8 && why.empty(); ++lane) {
+            speclm::x8_row_block((const uint8_t *)t->data, lane, back);
+            if (std::memcmp(back, blocks + 144 * lane, 144) != 0)
+                why = "CPU_REPACK interleaves Q4_K differently from the layout speclm reads";
+        }
+    }
+    if (buf) g.buffer_free(buf);
+    g.free(ctx);
+    return why;
 }
 
 // The layouts in ggml_abi.h against the loaded library: a tensor and a matmul made by ggml, a
@@ -232,10 +324,21 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     if (isa == speclm::Isa::NONE) return fail("this CPU lacks AVX2 and FMA"), -1;
     if (!resolve(lib_dir) || !abi_check()) return -1;
     static Extra extra;
+    static ExtraX8 extra_x8;
     our_type.iface = {type_get_name, type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
     our_type.device = g.reg_dev_get(g.cpu_reg(), 0);
     our_type.context = &extra;
     auto &list = g.extra_buffer_types();
+    interleaved_off = check_repack(list);
+    interleaved = interleaved_off.empty();
+    if (repack_type) {
+        our_x8_type.iface = repack_type->iface;  // CPU_REPACK's type, but ours by name and by allocation
+        our_x8_type.iface.get_name = x8_type_get_name;
+        our_x8_type.iface.alloc_buffer = x8_type_alloc_buffer;
+        our_x8_type.device = our_type.device;
+        our_x8_type.context = &extra_x8;
+        list.insert(list.begin(), &our_x8_type);
+    }
     list.insert(list.begin(), &our_type);
     // llama.cpp reads the device's copy of the list, made once at the first model load
     using get_extra = buffer_type **(*)(void *);
@@ -244,6 +347,7 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     for (buffer_type **t = copy ? copy(our_type.device) : nullptr; t && *t; ++t) seen |= *t == &our_type;
     if (!seen) {
         list.erase(std::find(list.begin(), list.end(), &our_type));
+        if (repack_type) list.erase(std::find(list.begin(), list.end(), &our_x8_type));
         return fail("llama.cpp already listed its buffer types (a model was loaded before speclm's kernels "
                     "registered)"), -1;
     }
@@ -270,12 +374,24 @@ __attribute__((visibility("default"))) int speclm_kernels_isa(int force) {
 
 __attribute__((visibility("default"))) long speclm_kernels_handled() { return handled.load(); }
 
-// One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K.
+// Whether models loaded from now on keep Q4_K weights interleaved by CPU_REPACK (on: 1, off: 0, ask: -1).
+// Returns the setting, or -1 if the interleaved kernels cannot run (the reason: speclm_kernels_interleaved_off).
+__attribute__((visibility("default"))) int speclm_kernels_interleaved(int on) {
+    if (!interleaved_off.empty()) return -1;
+    if (on >= 0) interleaved = on != 0;
+    return interleaved.load() ? 1 : 0;
+}
+
+__attribute__((visibility("default"))) const char *speclm_kernels_interleaved_off() { return interleaved_off.c_str(); }
+
+// One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K;
+// type 0 Q4_K, 1 Q6_K, 2 Q4_K interleaved as CPU_REPACK does (nrows a multiple of 8).
 // reps > 0: compute it that many times and return the fastest one's thread CPU time in ns (the
 // quantisation of x not counted), to compare kernels on a shared machine.
 __attribute__((visibility("default"))) double speclm_gemm(int type, const void *w, int64_t nrows, int64_t k,
                                                          const float *x, int ny, float *out, int isa_, int reps) {
-    if (k % speclm::QK || ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || (type != 0 && type != 1)) return -1;
+    if (k % speclm::QK || ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 2) return -1;
+    if (type == (int)speclm::WeightType::Q4_K_X8 && nrows % 8) return -1;
     auto wt = (speclm::WeightType)type;
     std::vector<uint8_t> mem(speclm::Activations::bytes(ny, k) + 64);
     void *aligned = (void *)(((uintptr_t)mem.data() + 63) & ~(uintptr_t)63);

@@ -48,32 +48,88 @@ inline __m128i q4_k_scales_mins(const uint8_t *sc) {
     return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);  // scales 0..3, 4..7, mins 0..3, 4..7
 }
 
+// One Q4_K block's values, unpacked from its quant bytes (four 32-byte chunks), its scales and mins (as
+// q4_k_scales_mins gives them) and its d, dmin: shared by ggml's layout and the interleaved one.
+__attribute__((target(SPECLM_AVX2))) inline void q4k_avx2(const __m256i q[4], __m128i sm, __m128 dd, __m256i w[8],
+                                                         Scales2 &s, __m256i &bm, float &d, float &cb) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+        w[2 * c] = _mm256_and_si256(q[c], low);
+        w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q[c], 4), low);
+    }
+    __m256i all = _mm256_cvtepu8_epi16(sm);  // 8 scales, 8 mins, int16
+    __m256i scales = _mm256_permute2x128_si256(all, all, 0x00), mins = _mm256_permute2x128_si256(all, all, 0x11);
+    for (int k = 0; k < 8; ++k)
+        s.s[k] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((2 * k) | ((2 * k + 1) << 8))));
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                           8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
+    bm = _mm256_shuffle_epi8(mins, pairs);  // lane 0: mins 0..3 doubled, lane 1: mins 4..7 doubled
+    d = _mm_cvtss_f32(dd);
+    cb = -_mm_cvtss_f32(_mm_movehdup_ps(dd));
+}
+
 struct Q4K {
     static constexpr size_t bytes = 144;
     // Q4_K block: d, dmin (f16), scales[12], qs[128]: values 64c..64c+31 in the low nibbles of
     // qs[32c..32c+31], 64c+32.. in the high ones; value = d * scale[v / 32] * q - dmin * min[v / 32].
     __attribute__((target(SPECLM_AVX2))) static inline void avx2(const uint8_t *blk, __m256i w[8], Scales2 &s,
                                                                  __m256i &bm, float &d, float &cb) {
-        const uint8_t *qs = blk + 16;
-        const __m256i low = _mm256_set1_epi8(0x0F);
-        for (int c = 0; c < 4; ++c) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            w[2 * c] = _mm256_and_si256(q, low);
-            w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-        }
-        __m128i sm = q4_k_scales_mins(blk + 4);
-        __m256i all = _mm256_cvtepu8_epi16(sm);  // 8 scales, 8 mins, int16
-        __m256i scales = _mm256_permute2x128_si256(all, all, 0x00), mins = _mm256_permute2x128_si256(all, all, 0x11);
-        for (int k = 0; k < 8; ++k)
-            s.s[k] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((2 * k) | ((2 * k + 1) << 8))));
-        const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
-                                               8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
-        bm = _mm256_shuffle_epi8(mins, pairs);  // lane 0: mins 0..3 doubled, lane 1: mins 4..7 doubled
-        __m128 dd = two_halves(blk);
-        d = _mm_cvtss_f32(dd);
-        cb = -_mm_cvtss_f32(_mm_movehdup_ps(dd));
+        __m256i q[4];
+        for (int c = 0; c < 4; ++c) q[c] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
+        q4k_avx2(q, q4_k_scales_mins(blk + 4), two_halves(blk), w, s, bm, d, cb);
     }
 };
+
+// ---- Q4_K as ggml's CPU_REPACK lays it out on x86 (block_q4_Kx8) ---------------------------------
+// Eight rows' blocks b in one 1152-byte block: d[8], dmin[8] (f16), scales[96], qs[1024]. Row L's
+// quant bytes 8i..8i+7 sit at qs[64i + 8L]; its scales and mins for sub-block sb are packed, with the
+// seven other rows', in scales[12sb..12sb+11] the way a Q4_K block packs its own eight sub-blocks
+// (row L in the place of sub-block L). docs/kernels.md#the-interleaved-q4_k-layout.
+struct X8 {
+    static constexpr size_t bytes = 1152;
+    static constexpr int D = 0, DMIN = 16, SCALES = 32, QS = 128;
+};
+
+// The eight rows' scales and mins of one interleaved block, each as q4_k_scales_mins gives a row's.
+inline void x8_scales_mins(const uint8_t *blk, __m128i lanes[8]) {
+    __m128i r[8];  // r[sb]: the eight rows' scales for sub-block sb, then their mins
+    for (int sb = 0; sb < 8; ++sb) r[sb] = q4_k_scales_mins(blk + X8::SCALES + 12 * sb);
+    __m128i a[4], ah[4];  // (sb 2i, sb 2i+1) pairs per row: scales, mins
+    for (int i = 0; i < 4; ++i) {
+        a[i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+        ah[i] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+    }
+    // rows 0..3 / 4..7, sub-blocks 0..3 / 4..7, four bytes a row
+    __m128i s03lo = _mm_unpacklo_epi16(a[0], a[1]), s03hi = _mm_unpackhi_epi16(a[0], a[1]);
+    __m128i s47lo = _mm_unpacklo_epi16(a[2], a[3]), s47hi = _mm_unpackhi_epi16(a[2], a[3]);
+    __m128i m03lo = _mm_unpacklo_epi16(ah[0], ah[1]), m03hi = _mm_unpackhi_epi16(ah[0], ah[1]);
+    __m128i m47lo = _mm_unpacklo_epi16(ah[2], ah[3]), m47hi = _mm_unpackhi_epi16(ah[2], ah[3]);
+    // two rows' eight scales (or mins) a register
+    __m128i s01 = _mm_unpacklo_epi32(s03lo, s47lo), s23 = _mm_unpackhi_epi32(s03lo, s47lo);
+    __m128i s45 = _mm_unpacklo_epi32(s03hi, s47hi), s67 = _mm_unpackhi_epi32(s03hi, s47hi);
+    __m128i m01 = _mm_unpacklo_epi32(m03lo, m47lo), m23 = _mm_unpackhi_epi32(m03lo, m47lo);
+    __m128i m45 = _mm_unpacklo_epi32(m03hi, m47hi), m67 = _mm_unpackhi_epi32(m03hi, m47hi);
+    lanes[0] = _mm_unpacklo_epi64(s01, m01), lanes[1] = _mm_unpackhi_epi64(s01, m01);
+    lanes[2] = _mm_unpacklo_epi64(s23, m23), lanes[3] = _mm_unpackhi_epi64(s23, m23);
+    lanes[4] = _mm_unpacklo_epi64(s45, m45), lanes[5] = _mm_unpackhi_epi64(s45, m45);
+    lanes[6] = _mm_unpacklo_epi64(s67, m67), lanes[7] = _mm_unpackhi_epi64(s67, m67);
+}
+
+// Row `lane`'s quant bytes 32c..32c+31 of an interleaved block.
+__attribute__((target(SPECLM_AVX2))) inline __m256i x8_chunk(const uint8_t *blk, int lane, int c) {
+    const uint8_t *p = blk + X8::QS + 256 * c + 8 * lane;
+    long long v[4];
+    for (int i = 0; i < 4; ++i) std::memcpy(&v[i], p + 64 * i, 8);
+    return _mm256_setr_epi64x(v[0], v[1], v[2], v[3]);
+}
+
+// Row `lane`'s d and dmin as floats.
+__attribute__((target(SPECLM_AVX2))) inline __m128 x8_halves(const uint8_t *blk, int lane) {
+    uint16_t d, m;
+    std::memcpy(&d, blk + X8::D + 2 * lane, 2);
+    std::memcpy(&m, blk + X8::DMIN + 2 * lane, 2);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)(d | ((uint32_t)m << 16))));
+}
 
 struct Q6K {
     static constexpr size_t bytes = 210;
@@ -134,6 +190,30 @@ inline void prefetch_ahead(const uint8_t *block) {
     _mm_prefetch(p + 192, _MM_HINT_T0);
 }
 
+// One unpacked weight block dotted with activation rows j0..j0+n-1 of block b, into acc[0..n).
+__attribute__((target(SPECLM_AVX2))) inline void dot_rows_avx2(const __m256i wv[8], const Scales2 &s, __m256i bm,
+                                                              float d, float cb, const Activations &act, int b,
+                                                              int j0, int n, __m256 *acc) {
+    const __m256 vd = _mm256_set1_ps(d), vcb = _mm256_set1_ps(cb);
+    const __m256i *y = (const __m256i *)act.row_qs(b, j0);
+    const __m256i *bs = (const __m256i *)act.row_bsums(b, j0);
+    const float *dy = &act.d[(size_t)b * act.ny + j0];
+    for (int j = 0; j < n; ++j, y += 8) {
+        __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[0], _mm256_loadu_si256(y + 0)), s.s[0]);
+        __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[1], _mm256_loadu_si256(y + 1)), s.s[1]);
+        __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[2], _mm256_loadu_si256(y + 2)), s.s[2]);
+        __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[3], _mm256_loadu_si256(y + 3)), s.s[3]);
+        __m256i p4 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[4], _mm256_loadu_si256(y + 4)), s.s[4]);
+        __m256i p5 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[5], _mm256_loadu_si256(y + 5)), s.s[5]);
+        __m256i p6 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[6], _mm256_loadu_si256(y + 6)), s.s[6]);
+        __m256i p7 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[7], _mm256_loadu_si256(y + 7)), s.s[7]);
+        __m256i isum = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)),
+                                        _mm256_add_epi32(_mm256_add_epi32(p4, p5), _mm256_add_epi32(p6, p7)));
+        __m256i bias = _mm256_madd_epi16(_mm256_loadu_si256(bs + j), bm);
+        acc[j] = block_term(isum, bias, vd, vcb, dy + j, acc[j]);
+    }
+}
+
 template <typename T>
 __attribute__((target(SPECLM_AVX2))) void gemm_avx2(const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1,
                                                     const Activations &act, int j0, int j1, float *dst,
@@ -149,26 +229,45 @@ __attribute__((target(SPECLM_AVX2))) void gemm_avx2(const uint8_t *w, size_t w_r
             float d, cb;
             prefetch_ahead(row + b * T::bytes);
             T::avx2(row + b * T::bytes, wv, s, bm, d, cb);
-            const __m256 vd = _mm256_set1_ps(d), vcb = _mm256_set1_ps(cb);
-            const __m256i *y = (const __m256i *)act.row_qs(b, j0);
-            const __m256i *bs = (const __m256i *)act.row_bsums(b, j0);
-            const float *dy = &act.d[(size_t)b * act.ny + j0];
-            for (int j = 0; j < n; ++j, y += 8) {
-                __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[0], _mm256_loadu_si256(y + 0)), s.s[0]);
-                __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[1], _mm256_loadu_si256(y + 1)), s.s[1]);
-                __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[2], _mm256_loadu_si256(y + 2)), s.s[2]);
-                __m256i p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[3], _mm256_loadu_si256(y + 3)), s.s[3]);
-                __m256i p4 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[4], _mm256_loadu_si256(y + 4)), s.s[4]);
-                __m256i p5 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[5], _mm256_loadu_si256(y + 5)), s.s[5]);
-                __m256i p6 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[6], _mm256_loadu_si256(y + 6)), s.s[6]);
-                __m256i p7 = _mm256_madd_epi16(_mm256_maddubs_epi16(wv[7], _mm256_loadu_si256(y + 7)), s.s[7]);
-                __m256i isum = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)),
-                                                _mm256_add_epi32(_mm256_add_epi32(p4, p5), _mm256_add_epi32(p6, p7)));
-                __m256i bias = _mm256_madd_epi16(_mm256_loadu_si256(bs + j), bm);
-                acc[j] = block_term(isum, bias, vd, vcb, dy + j, acc[j]);
-            }
+            dot_rows_avx2(wv, s, bm, d, cb, act, b, j0, n, acc);
         }
         for (int j = 0; j < n; ++j) dst[(size_t)(j0 + j) * dst_stride + r] = hsum(acc[j]);
+    }
+}
+
+// The interleaved block PREFETCH bytes ahead, all of it.
+inline void prefetch_x8(const uint8_t *blk) {
+    const char *p = (const char *)blk + PREFETCH;
+    for (size_t off = 0; off < X8::bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+}
+
+// Interleaved Q4_K, eight weight rows (one group) at a time: r0 and r1 are multiples of 8. Each
+// output sums its blocks in the same order as gemm_avx2<Q4K>, so the two give identical floats.
+__attribute__((target(SPECLM_AVX2))) void gemm_x8_avx2(const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1,
+                                                       const Activations &act, int j0, int j1, float *dst,
+                                                       size_t dst_stride) {
+    Scales2 s;
+    __m256 acc[8][ROW_TILE];
+    const int n = j1 - j0;
+    for (int64_t g = r0 / 8; g < r1 / 8; ++g) {
+        for (int l = 0; l < 8; ++l)
+            for (int j = 0; j < n; ++j) acc[l][j] = _mm256_setzero_ps();
+        const uint8_t *group = w + g * 8 * w_row_bytes;
+        for (int b = 0; b < act.nb; ++b) {
+            const uint8_t *blk = group + b * X8::bytes;
+            prefetch_x8(blk);
+            __m128i sm[8];
+            x8_scales_mins(blk, sm);
+            for (int l = 0; l < 8; ++l) {
+                __m256i q[4], wv[8], bm;
+                float d, cb;
+                for (int c = 0; c < 4; ++c) q[c] = x8_chunk(blk, l, c);
+                q4k_avx2(q, sm[l], x8_halves(blk, l), wv, s, bm, d, cb);
+                dot_rows_avx2(wv, s, bm, d, cb, act, b, j0, n, acc[l]);
+            }
+        }
+        for (int l = 0; l < 8; ++l)
+            for (int j = 0; j < n; ++j) dst[(size_t)(j0 + j) * dst_stride + g * 8 + l] = hsum(acc[l][j]);
     }
 }
 
@@ -182,13 +281,11 @@ struct Block512 {
     __m256 vd, vcb;
 };
 
-__attribute__((target(SPECLM_AVX512))) inline void unpack512(const uint8_t *blk, Q4K, Block512 &u) {
-    const uint8_t *qs = blk + 16;
+__attribute__((target(SPECLM_AVX512))) inline void q4k_512(const __m256i q[4], __m128i sm, __m128 dd, Block512 &u) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);  // [0 | 4]
-    for (int c = 0; c < 4; ++c)
-        u.w[c] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c))), shift), low);
-    __m256i all = _mm256_cvtepu8_epi16(q4_k_scales_mins(blk + 4));  // 8 scales, 8 mins
+    for (int c = 0; c < 4; ++c) u.w[c] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(q[c]), shift), low);
+    __m256i all = _mm256_cvtepu8_epi16(sm);  // 8 scales, 8 mins
     __m512i all512 = _mm512_castsi256_si512(all);
     for (int c = 0; c < 4; ++c) {  // [scale 2c x16 | scale 2c+1 x16]
         __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1);
@@ -196,9 +293,14 @@ __attribute__((target(SPECLM_AVX512))) inline void unpack512(const uint8_t *blk,
     }
     const __m256i pairs = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
     u.bm = _mm256_permutexvar_epi16(pairs, all);
-    __m128 dd = two_halves(blk);
     u.vd = _mm256_set1_ps(_mm_cvtss_f32(dd));
     u.vcb = _mm256_set1_ps(-_mm_cvtss_f32(_mm_movehdup_ps(dd)));
+}
+
+__attribute__((target(SPECLM_AVX512))) inline void unpack512(const uint8_t *blk, Q4K, Block512 &u) {
+    __m256i q[4];
+    for (int c = 0; c < 4; ++c) q[c] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
+    q4k_512(q, q4_k_scales_mins(blk + 4), two_halves(blk), u);
 }
 
 __attribute__((target(SPECLM_AVX512))) inline void unpack512(const uint8_t *blk, Q6K, Block512 &u) {
@@ -286,6 +388,41 @@ __attribute__((target(SPECLM_AVX512))) void gemm_avx512(const uint8_t *w, size_t
     }
 }
 
+// Interleaved Q4_K on AVX-512: a group's rows two at a time, as gemm_avx512 pairs them.
+__attribute__((target(SPECLM_AVX512))) void gemm_x8_avx512(const uint8_t *w, size_t w_row_bytes, int64_t r0,
+                                                           int64_t r1, const Activations &act, int j0, int j1,
+                                                           float *dst, size_t dst_stride) {
+    __m256 acc[8][ROW_TILE];
+    const int n = j1 - j0;
+    for (int64_t g = r0 / 8; g < r1 / 8; ++g) {
+        for (int l = 0; l < 8; ++l)
+            for (int j = 0; j < n; ++j) acc[l][j] = _mm256_setzero_ps();
+        const uint8_t *group = w + g * 8 * w_row_bytes;
+        for (int b = 0; b < act.nb; ++b) {
+            const uint8_t *blk = group + b * X8::bytes;
+            prefetch_x8(blk);
+            __m128i sm[8];
+            x8_scales_mins(blk, sm);
+            const int8_t *y = act.row_qs(b, j0);
+            const int16_t *bs = act.row_bsums(b, j0);
+            const float *dy = &act.d[(size_t)b * act.ny + j0];
+            for (int l = 0; l < 8; l += 2) {
+                Block512 u0, u1;
+                __m256i q0[4], q1[4];
+                for (int c = 0; c < 4; ++c) q0[c] = x8_chunk(blk, l, c), q1[c] = x8_chunk(blk, l + 1, c);
+                q4k_512(q0, sm[l], x8_halves(blk, l), u0);
+                q4k_512(q1, sm[l + 1], x8_halves(blk, l + 1), u1);
+                for (int j = 0; j < n; ++j) {
+                    acc[l][j] = row_block512(u0, y + QK * j, bs + 16 * j, dy + j, acc[l][j]);
+                    acc[l + 1][j] = row_block512(u1, y + QK * j, bs + 16 * j, dy + j, acc[l + 1][j]);
+                }
+            }
+        }
+        for (int l = 0; l < 8; ++l)
+            for (int j = 0; j < n; ++j) dst[(size_t)(j0 + j) * dst_stride + g * 8 + l] = hsum(acc[l][j]);
+    }
+}
+
 // ggml's nearest_int: round half to even through the float mantissa (|v| < 2^22).
 inline int nearest_int(float v) {
     float f = v + 12582912.f;
@@ -296,7 +433,7 @@ inline int nearest_int(float v) {
 
 }  // namespace
 
-size_t weight_block_bytes(WeightType type) { return type == WeightType::Q4_K ? Q4K::bytes : Q6K::bytes; }
+size_t weight_block_bytes(WeightType type) { return type == WeightType::Q6_K ? Q6K::bytes : Q4K::bytes; }
 
 Activations Activations::in(void *mem, int ny, int64_t k) {
     Activations a;
@@ -345,14 +482,38 @@ void quantize_rows(const float *x, size_t x_stride, int j0, int j1, Activations 
 
 void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,
           float *dst, size_t dst_stride, Isa isa) {
+    using Kernel = void (*)(const uint8_t *, size_t, int64_t, int64_t, const Activations &, int, int, float *, size_t);
+    const bool wide = isa == Isa::AVX512_VNNI;
+    Kernel kernel = type == WeightType::Q4_K   ? (wide ? gemm_avx512<Q4K> : gemm_avx2<Q4K>)
+                    : type == WeightType::Q6_K ? (wide ? gemm_avx512<Q6K> : gemm_avx2<Q6K>)
+                                               : (wide ? gemm_x8_avx512 : gemm_x8_avx2);
     for (int j0 = 0; j0 < act.ny; j0 += ROW_TILE) {
         int j1 = act.ny < j0 + ROW_TILE ? act.ny : j0 + ROW_TILE;
-        bool q4 = type == WeightType::Q4_K;
-        if (isa == Isa::AVX512_VNNI)
-            (q4 ? gemm_avx512<Q4K> : gemm_avx512<Q6K>)(w, w_row_bytes, r0, r1, act, j0, j1, dst, dst_stride);
-        else
-            (q4 ? gemm_avx2<Q4K> : gemm_avx2<Q6K>)(w, w_row_bytes, r0, r1, act, j0, j1, dst, dst_stride);
+        kernel(w, w_row_bytes, r0, r1, act, j0, j1, dst, dst_stride);
     }
+}
+
+void x8_row_block(const uint8_t *x8, int lane, uint8_t out[144]) {
+    std::memcpy(out, x8 + X8::D + 2 * lane, 2);
+    std::memcpy(out + 2, x8 + X8::DMIN + 2 * lane, 2);
+    uint8_t s[8], m[8];  // the row's 6-bit scales and mins, sub-block by sub-block
+    for (int sb = 0; sb < 8; ++sb) {
+        const uint8_t *q = x8 + X8::SCALES + 12 * sb;  // packed as a Q4_K block packs its sub-blocks
+        if (lane < 4) {
+            s[sb] = q[lane] & 63;
+            m[sb] = q[lane + 4] & 63;
+        } else {
+            s[sb] = (q[lane + 4] & 0xF) | ((q[lane - 4] >> 6) << 4);
+            m[sb] = (q[lane + 4] >> 4) | ((q[lane] >> 6) << 4);
+        }
+    }
+    uint8_t *sc = out + 4;
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = (uint8_t)(s[j] | ((s[j + 4] >> 4) << 6));
+        sc[j + 4] = (uint8_t)(m[j] | ((m[j + 4] >> 4) << 6));
+        sc[j + 8] = (uint8_t)((s[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
+    }
+    for (int i = 0; i < 16; ++i) std::memcpy(out + 16 + 8 * i, x8 + X8::QS + 64 * i + 8 * lane, 8);
 }
 
 Isa best_isa() {

@@ -8,12 +8,14 @@
 
 namespace speclm {
 
-enum class WeightType : int { Q4_K = 0, Q6_K = 1 };
+// Q4_K_X8: Q4_K weights as ggml's CPU_REPACK buffer lays them out on x86 (block_q4_Kx8: eight rows'
+// blocks interleaved); rows come in groups of eight, and the row size is still the Q4_K one.
+enum class WeightType : int { Q4_K = 0, Q6_K = 1, Q4_K_X8 = 2 };
 enum class Isa : int { NONE = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
 constexpr int QK = 256;  // values per block, weights and activations alike
 
-size_t weight_block_bytes(WeightType type);  // 144 (Q4_K), 210 (Q6_K)
+size_t weight_block_bytes(WeightType type);  // 144 (Q4_K and Q4_K_X8, per row), 210 (Q6_K)
 
 // The activations of `ny` rows of K values, quantised (Q8_K's rounding exactly), laid out block-major so
 // that one weight block meets every row's matching block in consecutive memory:
@@ -36,9 +38,14 @@ struct Activations {
 void quantize_rows(const float *x, size_t x_stride, int j0, int j1, Activations &act);
 
 // dst[j * dst_stride + r] = W[r] . x[j] for weight rows r in [r0, r1) and all act.ny rows; W's row r
-// starts at w + r * w_row_bytes. `isa` must be one the CPU has (best_isa()).
+// starts at w + r * w_row_bytes (Q4_K_X8: group r / 8 at w + (r / 8) * 8 * w_row_bytes, and r0, r1 multiples
+// of 8). `isa` must be one the CPU has (best_isa()).
 void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,
           float *dst, size_t dst_stride, Isa isa);
+
+// Row `lane` (0..7)'s block as a plain Q4_K block (144 bytes), from one interleaved block: the layout's
+// definition, in scalar code (the registration's check of ggml's repacking, and the tests').
+void x8_row_block(const uint8_t *x8, int lane, uint8_t out[144]);
 
 Isa best_isa();  // the widest kernel this CPU can run (NONE: no AVX2+FMA+F16C)
 
