@@ -14,7 +14,8 @@ reference's, and the largest difference between their log-likelihoods.
     /work/main/.venv/bin/python scripts/clients_lmeval.py --server http://127.0.0.1:8000 \
         --lm-eval /tmp/lmeval-venv/bin/lm_eval --model qwen2.5-coder-1.5b --gguf PATH
 
-Run the server with `--kernels repack+tiled` (or `repack`, then `--tiled off` here), so both
+With `--phase run` then (the server stopped) `--phase score --work DIR` only one model is
+loaded at a time. Run the server with `--kernels repack+tiled` (or `repack`, then `--tiled off` here), so both
 use llama.cpp's CPU_REPACK kernels the same way (llama-cpp-python's default is repack+tiled)."""
 
 from __future__ import annotations
@@ -160,20 +161,34 @@ def main() -> None:
     ap.add_argument("--flash-attn", choices=("on", "off"), default="on")
     ap.add_argument("--tiled", choices=("on", "off"), default="on", help="GGML_CPU_TILED_MM, as the server's kernels")
     ap.add_argument("--modes", default="tokens,strings")
+    ap.add_argument("--phase", choices=("all", "run", "score"), default="all",
+                    help="run: lm-eval only, saving its samples and the bodies it sent in --work; score: the "
+                         "reference over a --work that `run` filled (stop the server first: one model at a time)")
+    ap.add_argument("--work", help="the folder runs are saved in (default: a new temporary one)")
     args = ap.parse_args()
+    if args.phase == "score" and not args.work:
+        ap.error("--phase score needs the --work folder that --phase run filled")
     os.environ["GGML_CPU_TILED_MM"] = "1" if args.tiled == "on" else "0"
-    work = Path(tempfile.mkdtemp(prefix="speclm-lmeval-"))
-    tokenizer = args.tokenizer or str(work / "tokenizer")
-    if not args.tokenizer:  # the GGUF's own vocabulary (scripts/gguf_tokenizer.py)
-        py = str(Path(args.lm_eval).parent / "python")
-        subprocess.run([py, str(Path(__file__).parent / "gguf_tokenizer.py"), args.gguf, tokenizer], check=True)
-    ref = Reference(args.gguf, args.flash_attn == "on")
-    ok = True
-    for mode in args.modes.split(","):
-        log: list = []
-        proxy = start_proxy(args.server, log)
-        run = run_lm_eval(args.lm_eval, proxy, args.model, tokenizer, mode == "tokens", work / mode)
-        ok &= compare(f"tokenized_requests={mode == 'tokens'}", run, log, ref, mode == "tokens")
+    work = Path(args.work or tempfile.mkdtemp(prefix="speclm-lmeval-"))
+    work.mkdir(parents=True, exist_ok=True)
+    modes = args.modes.split(",")
+    if args.phase != "score":
+        tokenizer = args.tokenizer or str(work / "tokenizer")
+        if not args.tokenizer:  # the GGUF's own vocabulary (scripts/gguf_tokenizer.py)
+            py = str(Path(args.lm_eval).parent / "python")
+            subprocess.run([py, str(Path(__file__).parent / "gguf_tokenizer.py"), args.gguf, tokenizer], check=True)
+        for mode in modes:
+            log: list = []
+            proxy = start_proxy(args.server, log)
+            run = run_lm_eval(args.lm_eval, proxy, args.model, tokenizer, mode == "tokens", work / mode)
+            (work / f"{mode}.json").write_text(json.dumps({"run": run, "sent": log}))
+        print(f"saved in {work}", flush=True)
+    if args.phase == "run":
+        return
+    ref, ok = Reference(args.gguf, args.flash_attn == "on"), True
+    for mode in modes:
+        saved = json.loads((work / f"{mode}.json").read_text())
+        ok &= compare(f"tokenized_requests={mode == 'tokens'}", saved["run"], saved["sent"], ref, mode == "tokens")
     sys.exit(0 if ok else 1)
 
 

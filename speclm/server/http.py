@@ -38,7 +38,7 @@ from .prom import RequestMetrics, ServerMetrics
 from .responses import Usage, chat_finish_reason, chunk_body, response_body, result_logprobs
 from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, _GenerationRequest, api_error, printable,
                       quoted, validation_error)
-from .tools import CallStream
+from .text_calls import CallSpec, TextCallStream
 
 
 class Handle(Protocol):
@@ -138,7 +138,7 @@ async def answer(front: Frontend, req: _GenerationRequest, request: Request) -> 
     handles = await _open_all(front, parts, tenant_of(request))
     chat = isinstance(req, ChatCompletionRequest)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-    tools = req.tool_names() if req.calls_tools() else None  # the functions the answer may call
+    tools = req.call_spec()  # the functions the answer may call
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return _EventStream(_events(front, handles[0], rid, chat, deadline, usage, tools), handles[0], front)
@@ -194,11 +194,12 @@ def _served(handle: Handle) -> dict[str, str]:
 
 
 async def _events(front: Frontend, handle: Handle, rid: str, chat: bool, deadline: float,
-                  include_usage: bool, tools: set[str] | None = None) -> AsyncIterator[str]:
+                  include_usage: bool, tools: CallSpec | None = None) -> AsyncIterator[str]:
     """The SSE events of one request; with `tools`, text from the first tool-call tag on is
-    sent as tool_calls deltas as the calls are written (tools.CallStream)."""
+    sent as tool_calls deltas as the calls are written, and text that may still become calls
+    written as JSON text is held back (text_calls.TextCallStream)."""
     loop, created = asyncio.get_running_loop(), int(time.time())
-    calls = CallStream(tools) if tools else None
+    calls = TextCallStream(tools) if tools else None
 
     def chunk(**kw) -> str:
         return _sse(chunk_body(rid, front.model_id, created, chat, **kw))

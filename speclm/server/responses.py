@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from ..metrics import GenerationResult, TokenLogprob, summarize
-from .tools import parse_calls
+from .text_calls import CallSpec, read_calls
 
 
 class SpeculativeUsage(BaseModel):
@@ -153,15 +153,15 @@ def chat_finish_reason(r: GenerationResult, calls: list) -> str:
 
 
 def response_body(rid: str, model: str, results: list[GenerationResult], chat: bool,
-                  tools: set[str] | None = None, echoes: list[str | None] | None = None) -> dict:
+                  tools: CallSpec | None = None, echoes: list[str | None] | None = None) -> dict:
     """The non-streaming response for finished results, one choice each in order (a chat
     request has one; a completions request one per prompt); with `tools` (the functions a chat
-    answer may call) its calls are parsed into tool_calls. A completion with an echo (its
+    answer may call) its calls are parsed into tool_calls (text_calls.read_calls). A completion with an echo (its
     prompt's text: echo: true) starts with it; one that scored its prompt (echo with
     logprobs) starts with the text its prompt tokens decode to, as its logprobs count it."""
     if chat:
         r = results[0]
-        content, calls = parse_calls(r.text, tools) if tools else (r.text, [])
+        content, calls = read_calls(r.text, tools) if tools else (r.text, [])
         message = AssistantMessage(content=content, tool_calls=[c.as_dict() for c in calls] or None)
         return ChatCompletionResponse(id=rid, model=model, usage=Usage.of(r), choices=[ChatChoice(
             message=message, logprobs=result_logprobs(r, chat), finish_reason=chat_finish_reason(r, calls))]).model_dump()

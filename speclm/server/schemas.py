@@ -29,6 +29,7 @@ from ..speculative.config import spec_options
 from ..speculative.methods import get_method
 from .generic_tools import generic_messages
 from .structured import ResponseFormat
+from .text_calls import CallSpec
 from .tools import ToolCall, ToolChoice, ToolDef, bad, call_grammar, check_choice, tools_supported
 
 if TYPE_CHECKING:
@@ -279,8 +280,9 @@ class _RequestBase(BaseModel):
         """Whether the answer may hold tool calls (chat with tools, tool_choice not "none")."""
         return False
 
-    def tool_names(self) -> set[str]:
-        return set()
+    def call_spec(self) -> CallSpec | None:
+        """What calls the answer may hold (None: none)."""
+        return None
 
     def grammar(self) -> Grammar | None:
         """What the output must match (response_format; None: free text)."""
@@ -443,8 +445,13 @@ class ChatCompletionRequest(_GenerationRequest):
         """Whether the answer may hold tool calls (tools given, tool_choice not "none")."""
         return bool(self.tools) and self.tool_choice != "none"
 
-    def tool_names(self) -> set[str]:
-        return {t.function.name for t in self.tools or []}
+    def call_spec(self) -> CallSpec | None:
+        """The functions the answer may call; under tool_choice "auto" calls written as JSON
+        text count too (text_calls.py)."""
+        if not self.calls_tools():
+            return None
+        return CallSpec({t.function.name: t.function.parameters for t in self.tools or []},
+                        text_form=self.tool_choice in (None, "auto"))
 
     def grammar(self) -> Grammar | None:
         """response_format's grammar, or with tools the call format's (tools.call_grammar)."""
