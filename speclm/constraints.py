@@ -10,11 +10,9 @@ the grammar engine llama.cpp and vLLM use). Contracts, the same as
   row is masked as constrained plain decoding masks it at that position.
 - `advance(tokens)`: the request emitted tokens; only these enter the state
   (a draft is consumed for the masks and rolled back).
-- `shape(draft, room, params)`: stage 1's use of the grammar. A draft is
-  clipped at its first token the grammar forbids (that token can never be
-  accepted) and the tokens the grammar forces after it (llguidance's
-  fast-forward tokens) are appended as deterministic drafts: they cost only
-  their rows in the verify forward (docs/design.md#structured-outputs).
+- `forced()`, `consume(tokens)`, `rollback(n)`, `stopped()`: the matcher's own
+  steps, for stage 1's use of the grammar (speculative/grammar_draft.py clips a
+  draft and appends the runs the grammar forces; docs/design.md#structured-outputs).
 
 Lossless: the target distribution of a constrained request is the masked p,
 and speculation accepts and resamples against exactly that p. Clipping is
@@ -359,101 +357,21 @@ class GrammarMask:
                 raise RuntimeError(f"grammar state lost: emitted token {token} was not allowed "
                                    f"({self.matcher.get_error()})")
 
-    def shape(self, draft, room: int, params, extend=None) -> list[int]:
-        """Stage 1's use of the grammar, on draft (a proposers.base.Draft, in place): clip it
-        at its first token the grammar forbids; mark its tokens that fall on a forced run
-        as forced (estimate 1.0, source "grammar": the proposer drafted what the grammar
-        forces); append the run the grammar forces after it; with extend(drafted, n) (a
-        proposer's continuation of up to n tokens after the block so far,
-        proposers.base.Proposer.extend) go on drafting after each forced run, clipped and
-        marked the same way. At most `room` tokens in all. Returns the positions of the
-        forced tokens in the draft."""
-        n = self.valid_prefix(draft.tokens)
-        if n < len(draft):
-            drawn = draft.q[n] is not None and not params.greedy and params.seed is None
-            draft.truncate(n + 1 if drawn else n)
-            if drawn:  # its rejection draws from the residual of its q (module docstring)
-                return []
-        estimates = draft.confidence is not None or not draft.tokens  # a controller can price the block
-        forced_at: list[int] = []
-        pos = 0  # tokens of the draft the matcher has consumed
-        try:
-            while pos < len(draft) or len(draft) < room:
-                if self.matcher.is_stopped():
-                    break
-                forced = self.matcher.compute_ff_tokens()
-                if pos < len(draft):  # inside the draft: the tokens it shares with the forced run are forced
-                    run = _common_prefix(forced, draft.tokens[pos:])
-                    _mark_forced(draft, range(pos, pos + run), estimates)
-                    forced_at += range(pos, pos + run)
-                    step = max(run, 1)
-                    self.matcher.consume_tokens(list(draft.tokens[pos:pos + step]))
-                    pos += step
-                    continue
-                forced = forced[:room - len(draft)]
-                if not forced:
-                    break
-                forced_at += range(pos, pos + len(forced))
-                _append(draft, forced, [1.0] * len(forced) if estimates else None, ("grammar", None), [0] * len(forced))
-                self.matcher.consume_tokens(forced)
-                pos = len(draft)
-                if extend is not None and estimates and len(draft) < room:
-                    more = extend(list(draft.tokens), room - len(draft))
-                    kept = self.valid_prefix(more.tokens)
-                    if kept:
-                        _append(draft, more.tokens[:kept], more.confidence[:kept], (more.source, more.match_len),
-                                list(more.support or [0] * kept)[:kept], more.origins)
-        finally:
-            if pos:
-                self.matcher.rollback(pos)
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces from the current state (llguidance's fast-forward run)."""
+        return list(self.matcher.compute_ff_tokens())
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        """Enter tokens the grammar allows into the state (a draft's, to be rolled back)."""
+        if tokens:
+            self.matcher.consume_tokens(list(tokens))
+
+    def rollback(self, n: int) -> None:
+        """Take the last n consumed tokens back out of the state, and check it is sound."""
+        if n:
+            self.matcher.rollback(n)
         self._check()
-        if forced_at[:1] == [0] and estimates:  # a block that starts certain is no bet of the proposer's
-            draft.source = "grammar"
-        return forced_at
 
-
-def _own_origins(draft) -> tuple:
-    """The draft's origins, or the ones its source and match length imply for every token
-    (as controller.draft_groups reads a draft without them)."""
-    if draft.origins is not None:
-        return draft.origins[:len(draft)]
-    return tuple((draft.source, draft.match_len + j if draft.match_len else None) for j in range(len(draft)))
-
-
-def _append(draft, tokens: list[int], confidence: list[float] | None, origin: tuple[str | None, int | None],
-            support: list[int], origins: tuple | None = None) -> None:
-    """Append deterministic draft tokens, keeping the draft's parallel fields aligned:
-    confidence (where the draft has estimates), support, and origins (each token's source
-    and the match its estimate rests on, as controller.draft_groups reads them; `origin`
-    names a run's source and the match length of its first token)."""
-    n = len(draft)
-    source, length = origin
-    new = origins[:len(tokens)] if origins else tuple((source, length + j if length else None)
-                                                       for j in range(len(tokens)))
-    draft.origins = (*_own_origins(draft), *new)
-    draft.support = (*(draft.support or [0] * n)[:n], *support)
-    if confidence is not None:
-        draft.confidence = [*(draft.confidence or []), *confidence]
-    draft.source = draft.source or source
-    draft.tokens += list(tokens)
-    draft.q += [None] * len(tokens)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < len(a) and n < len(b) and a[n] == b[n]:
-        n += 1
-    return n
-
-
-def _mark_forced(draft, positions: range, estimates: bool) -> None:
-    """Draft tokens the grammar forces at their position: estimate 1.0 in the grammar's cells."""
-    if not positions:
-        return
-    n = len(draft)
-    origins, support = list(_own_origins(draft)), list((draft.support or [0] * n)[:n])
-    for i in positions:
-        origins[i], support[i] = ("grammar", None), 0
-        if estimates and draft.confidence is not None:
-            draft.confidence[i] = 1.0
-    draft.origins, draft.support = tuple(origins), tuple(support)
+    def stopped(self) -> bool:
+        """Whether the grammar is complete: nothing but an end token may follow."""
+        return self.matcher.is_stopped()

@@ -23,6 +23,7 @@ from speclm import LLM, Grammar, InvalidRequestError, SamplingParams, SpecConfig
 from speclm.backends.toy import ToyBackend
 from speclm.constraints import GrammarMask
 from speclm.engine import Engine
+from speclm.speculative.grammar_draft import shape_draft
 
 from .test_lossless_harness import toy_heads
 
@@ -99,18 +100,18 @@ def test_a_draft_is_clipped_at_its_first_forbidden_token_and_forced_tokens_follo
     from speclm.speculative.proposers.base import Draft
     mask = GrammarMask(Grammar.json_schema(SCHEMA), llm.target)
     d = Draft(llm.target.tokenize('{"a": 1x'), [None] * 8)
-    forced_at = mask.shape(d, 16, SamplingParams())
+    forced_at = shape_draft(mask, d, 16, SamplingParams())
     assert llm.target.detokenize(d.tokens[:7]) == '{"a": 1'
     assert forced_at == [*range(6), *range(7, len(d))]  # the drafted '{"a": ' was forced too, as is the tail
     forced = llm.target.detokenize(d.tokens[7:])
     assert forced == "" or forced.startswith(",") or forced[0].isdigit()
     d = Draft(llm.target.tokenize('{"a": 12'), [None] * 8)
-    mask.shape(d, 16, SamplingParams())
+    shape_draft(mask, d, 16, SamplingParams())
     assert llm.target.detokenize(d.tokens) == '{"a": 12'  # a digit or ", " may follow: nothing forced
     d = Draft([], [])
-    assert mask.shape(d, 3, SamplingParams()) == [0, 1, 2] and llm.target.detokenize(d.tokens) == '{"a'  # room 3
+    assert shape_draft(mask, d, 3, SamplingParams()) == [0, 1, 2] and llm.target.detokenize(d.tokens) == '{"a'  # room 3
     sampled = Draft(llm.target.tokenize('{x'), [np.full(len(ALPHABET), 1 / len(ALPHABET))] * 2)
-    mask.shape(sampled, 16, SamplingParams(temperature=1.0))
+    shape_draft(mask, sampled, 16, SamplingParams(temperature=1.0))
     assert len(sampled) == 2  # a drawn forbidden token stays: rejected, its residual drawn
 
 
@@ -129,7 +130,7 @@ def test_drafting_goes_on_after_a_forced_run_clipped_to_the_grammar():
                      source="own")
 
     d = Draft([], [], [])
-    forced_at = mask.shape(d, 16, SamplingParams(), extend)
+    forced_at = shape_draft(mask, d, 16, SamplingParams(), extend)
     assert target.detokenize(d.tokens) == "x-ab-10" and asked == ["x-", "x-ab-"]  # "z" clipped, "-" forced
     assert forced_at == [0, 1, 3, 4]  # after the drafted "a" the grammar forces "b": marked as forced
     assert d.confidence == [1.0, 1.0, 0.8, 1.0, 1.0, 0.8, 0.8]
@@ -153,7 +154,7 @@ def test_the_controller_verifies_a_forced_tail_only_where_the_drafts_before_it_p
         # the proposer drafted "ab-" doubting its "b-"; the grammar forces "b-xyz-" after an "a"
         d = Draft(target.tokenize("ab-"), [None] * 3, [estimate, 0.1, 0.1], match_len=4, support=(50,) * 3,
                   source="own")
-        forced_at = mask.shape(d, 16, SamplingParams())
+        forced_at = shape_draft(mask, d, 16, SamplingParams())
         assert forced_at == [1, 2, 3, 4, 5, 6] and target.detokenize(d.tokens) == "ab-xyz-"
         assert d.confidence[1:] == [1.0] * 6
         assert len(d.origins) == len(d.support) == len(d.confidence) == len(d)

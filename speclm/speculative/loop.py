@@ -32,6 +32,7 @@ from ..sampling import (Processors, SamplingParams, empty_row, first_row_problem
                         target_probs, token_logprob)
 from ..stops import StopChecker
 from .controller import Controller
+from .grammar_draft import shape_draft
 from .proposers.base import Draft, Proposer
 from .proposers.prediction_counts import prediction_counts
 
@@ -292,7 +293,7 @@ class Generation:
         if self.grammar is not None:  # clip to the grammar, draft what it forces (certain), go on after it
             extend = None if self.proposer is None or k_r <= 0 else \
                 (lambda drafted, n: self.proposer.extend(self.context, drafted, n))
-            forced_at = self.grammar.shape(d, k_max, self.params, extend)
+            forced_at = shape_draft(self.grammar, d, k_max, self.params, extend)
         full = None
         if d.tokens:  # the controller prices the whole block, forced tokens as certain ones
             kept = self.controller.keep(d, len(self.context))

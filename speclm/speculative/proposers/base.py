@@ -44,6 +44,43 @@ class Draft:
         if self.confidence is not None:
             del self.confidence[n:]
 
+    def token_origins(self) -> tuple:
+        """Each token's (source, match length): origins, or what source and match_len
+        imply for every token (as controller.draft_groups reads a draft without them)."""
+        if self.origins is not None:
+            return self.origins[:len(self)]
+        return tuple((self.source, self.match_len + j if self.match_len else None) for j in range(len(self)))
+
+    def append(self, tokens: list[int], confidence: list[float] | None, origin: tuple[str | None, int | None],
+               support: list[int], origins: tuple | None = None) -> None:
+        """Append deterministic tokens, keeping the parallel fields aligned: confidence
+        (where the draft has estimates), support, and origins (`origin` names the run's
+        source and the match length of its first token, unless `origins` gives each)."""
+        n = len(self)
+        source, length = origin
+        new = origins[:len(tokens)] if origins else tuple((source, length + j if length else None)
+                                                           for j in range(len(tokens)))
+        self.origins = (*self.token_origins(), *new)
+        self.support = (*(self.support or [0] * n)[:n], *support)
+        if confidence is not None:
+            self.confidence = [*(self.confidence or []), *confidence]
+        self.source = self.source or source
+        self.tokens += list(tokens)
+        self.q += [None] * len(tokens)
+
+    def mark_certain(self, positions: range, source: str, estimates: bool) -> None:
+        """Tokens at positions are certain (a grammar forces them): estimate 1.0 where the
+        draft has estimates, origin (source, None), no support."""
+        if not positions:
+            return
+        n = len(self)
+        origins, support = list(self.token_origins()), list((self.support or [0] * n)[:n])
+        for i in positions:
+            origins[i], support[i] = (source, None), 0
+            if estimates and self.confidence is not None:
+                self.confidence[i] = 1.0
+        self.origins, self.support = tuple(origins), tuple(support)
+
 
 class Proposer(ABC):
     """Drafts up to k tokens continuing `context`. Never touches the target."""
