@@ -24,7 +24,7 @@ with live(app) as (url, _):
     for name, kw in cases.items():
         out = {}
         for m in ("sd-ngram", "ar"):
-            r = client(url).chat.completions.create(model="m", messages=USER, temperature=0, logprobs=True,
+            r = client(url).with_options(timeout=900).chat.completions.create(model="m", messages=USER, temperature=0, logprobs=True,
                                                     extra_body={"speculative": {"method": m}}, **kw)
             out[m] = r
         a, b = (out[m].choices[0].logprobs.content for m in ("sd-ngram", "ar"))
