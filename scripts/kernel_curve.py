@@ -9,7 +9,7 @@ with costs.time_curve (median of --repeats) and a --prefill-token prompt, and pr
     python scripts/kernel_curve.py --configs repack+tiled,speclm+tiled@rows=1-64,speclm+tiled@isa=avx2
 
 A configuration may carry settings of speclm's kernels after "@" (rows=LO-HI: SPECLM_NATIVE_ROWS;
-isa=avx2: SPECLM_NATIVE_ISA; q4k=plain: SPECLM_NATIVE_Q4K), for its child only.
+isa=avx2: SPECLM_NATIVE_ISA), for its child only.
 
 It prints, per configuration, the median over rounds of each v(b) and of the prefill, and each
 one's ratio to the first configuration's; the CPU, the load average before and after.
@@ -73,7 +73,7 @@ def main() -> None:
             env = dict(os.environ)
             for setting in filter(None, c.partition("@")[2].split("@")):
                 key, _, value = setting.partition("=")
-                env[{"rows": "SPECLM_NATIVE_ROWS", "isa": "SPECLM_NATIVE_ISA", "q4k": "SPECLM_NATIVE_Q4K"}[key]] = value
+                env[{"rows": "SPECLM_NATIVE_ROWS", "isa": "SPECLM_NATIVE_ISA"}[key]] = value
             out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
             found[c].append(json.loads(out.strip().splitlines()[-1]))
     print(f"{cpu_model()}; {args.model}; {args.threads} threads; {args.rounds} rounds x median of {args.repeats}; "

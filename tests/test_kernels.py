@@ -45,7 +45,7 @@ def choose(path: Path, request: str | None = None, said: list | None = None) -> 
 
 def test_a_crashing_configuration_is_disabled_and_generation_goes_on_with_the_next(verdicts, tmp_path):
     # every family faster than plain crashes (amx too, where the build has it), so plain is what is left
-    env = {**os.environ, probe.FAULT_ENV: "repack:segv,speclm:segv,amx:segv"}
+    env = {**os.environ, probe.FAULT_ENV: "repack:segv,speclm:segv,speclm-repack:segv,amx:segv"}
     proc = subprocess.run([sys.executable, "-m", "speclm", "generate", "def add(a, b):", "--target", SMOL,
                            "--max-new-tokens", "8", "--method", "ar", "--json"],
                           capture_output=True, text=True, env=env, timeout=600)
@@ -170,7 +170,7 @@ def test_a_configuration_checked_only_as_the_small_models_screen_is_timed_when_t
 
 def test_forcing_a_configuration_the_probe_found_broken_names_the_verdict_and_the_fix(verdicts, smol_path,
                                                                                        monkeypatch):
-    monkeypatch.setenv(probe.FAULT_ENV, "repack:segv,speclm:segv,amx:segv")  # amx too: on an AMX build it would win
+    monkeypatch.setenv(probe.FAULT_ENV, "repack:segv,speclm:segv,speclm-repack:segv,amx:segv")  # amx too: on an AMX build it would win
     choose(smol_path)
     monkeypatch.delenv(probe.FAULT_ENV)
     with pytest.raises(InvalidRequestError) as err:

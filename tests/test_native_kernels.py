@@ -189,7 +189,7 @@ def test_a_process_without_the_library_runs_on_llama_cpps_kernels():
     assert proc.returncode == 0, proc.stderr
     reason, families = proc.stdout.strip().splitlines()
     assert reason == "SPECLM_NATIVE=0 is set"
-    assert "speclm" not in families and "plain" in families
+    assert "speclm" not in families and "speclm-repack" not in families and "plain" in families
 
 
 def test_an_install_that_could_not_build_them_says_so(monkeypatch):
@@ -232,6 +232,19 @@ def target_pair():
     yield ours, plain
     ours.close()
     plain.close()
+
+
+@pytest.fixture(scope="module")
+def interleaved_target():
+    """The shipped target on speclm's kernels with Q4_K weights in CPU_REPACK's layout."""
+    from speclm.backends.llamacpp import LlamaCppBackend
+    from speclm.models.catalog import resolve_model
+    if K.build_info().unavailable("speclm-repack"):
+        pytest.skip(K.build_info().unavailable("speclm-repack"))
+    backend = LlamaCppBackend(resolve_model("qwen2.5-coder-1.5b"), n_ctx=256, n_threads=2, n_seq_max=1,
+                              kernels=K.parse_config("speclm-repack"))
+    yield backend
+    backend.close()
 
 
 @pytest.fixture(scope="module")
@@ -278,13 +291,29 @@ def test_inside_llama_cpp_they_compute_the_verify_blocks_and_agree_with_the_plai
 
 
 @pytest.mark.slow
-def test_what_they_decline_runs_llama_cpps_repacked_kernels_bit_for_bit(target_pair, repack_target):
-    # a one-row decode after a prompt past the row range: on a CPU where CPU_REPACK interleaves Q4_K,
-    # speclm's configuration hands both to llama.cpp's own kernels on the same bytes, so a decode step
-    # costs and computes what it does on llama.cpp's best configuration
+def test_with_q4k_interleaved_they_compute_the_same_floats(target_pair, interleaved_target):
+    # speclm-repack's kernels read CPU_REPACK's layout and sum in the plain layout's order: every
+    # block in their row range (the prefill too) gives speclm's logits bit for bit
     ours, _ = target_pair
     lo, hi = native.rows_range()
-    if "interleaved" not in native.status().reason or lo < 2 or hi >= 80:
+    if lo > 2 or hi < 24:
+        pytest.skip(f"not the default row range: {lo}-{hi}")
+    tokens = ours.tokenize("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 3,
+                           add_special=False)
+    blocks = [b for b in (2, 4, 16) if lo <= b <= hi]
+    want, got = scores(ours, tokens, blocks), scores(interleaved_target, tokens, blocks)
+    for b in blocks:
+        np.testing.assert_array_equal(got[b], want[b])
+
+
+@pytest.mark.slow
+def test_what_they_decline_runs_llama_cpps_repacked_kernels_bit_for_bit(interleaved_target, repack_target):
+    # a one-row decode after a prompt past the row range: on a CPU where CPU_REPACK interleaves Q4_K,
+    # speclm-repack hands both to llama.cpp's own kernels on the same bytes, so a decode step
+    # costs and computes what it does on llama.cpp's best configuration
+    ours = interleaved_target
+    lo, hi = native.rows_range()
+    if lo < 2 or hi >= 80:
         pytest.skip(f"not the default setting: {native.status().reason}")
     tokens = ours.tokenize("for i in range(10):\n    print(i * i)\n" * 12, add_special=False)[:82]
     got = {}

@@ -4,9 +4,10 @@ A configuration is two switches (docs/kernels.md):
 - buffers: where llama.cpp puts the weights. "amx" (the AMX buffer type, Intel
   Sapphire Rapids and later, compiled in when the build's CPU has AMX),
   "repack" (CPU_REPACK: weights re-laid out for multi-row kernels), "speclm"
-  (speclm's own multi-row kernels for Q4_K and Q6_K weights, Q4_K kept in
-  CPU_REPACK's interleaved layout so one-row forwards run CPU_REPACK's kernel,
-  the rest repacked: speclm.native) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
+  (speclm's own multi-row kernels for Q4_K and Q6_K weights in ggml's layout, the
+  rest repacked: speclm.native), "speclm-repack" (the same kernels, Q4_K weights
+  kept in CPU_REPACK's interleaved layout, so one-row forwards run CPU_REPACK's
+  kernel) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
 - tiled: llama.cpp's tiled multi-row matmul for weights that are not repacked
   (`GGML_CPU_TILED_MM`, used at 8 rows and more).
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidRequestError
 
-BUFFERS = ("amx", "repack", "speclm", "plain")
+BUFFERS = ("amx", "repack", "speclm", "speclm-repack", "plain")
 TILED_ENV = "GGML_CPU_TILED_MM"
 KERNELS_ENV = "SPECLM_KERNELS"  # the user's choice when none is passed (auto, a family or a configuration)
 USER_TILED = os.environ.get(TILED_ENV)  # the user's own setting, read before speclm sets it
@@ -58,7 +59,12 @@ class KernelConfig:
     @property
     def claims(self) -> bool:
         """Whether speclm's own kernels take this model's Q4_K/Q6_K matmul weights."""
-        return self.buffers == "speclm"
+        return self.buffers.startswith("speclm")
+
+    @property
+    def interleaves_q4k(self) -> bool:
+        """Whether Q4_K weights are kept in CPU_REPACK's interleaved layout (docs/kernels.md)."""
+        return self.buffers in ("repack", "speclm-repack")
 
     def __str__(self) -> str:
         return self.name
@@ -77,7 +83,7 @@ def check_request(request: str | None) -> str:
     """The kernels request to honour: `request`, else $SPECLM_KERNELS, else auto; validated."""
     value = request if request is not None else os.environ.get(KERNELS_ENV) or "auto"
     if not isinstance(value, str):
-        raise InvalidRequestError(f"kernels must be a string (auto, amx, repack, speclm, plain), got {value!r}")
+        raise InvalidRequestError(f"kernels must be a string (auto or one of {', '.join(BUFFERS)}), got {value!r}")
     value = value.strip().lower()
     if value != "auto":
         parse_config(value)
@@ -97,11 +103,11 @@ class BuildInfo:
     amx: bool  # the AMX buffer type is compiled in (AMX_INT8 in the build's features)
     repack: bool
     speclm: str | None = None  # why speclm's own kernels cannot run in this process (None: they can)
+    speclm_repack: str | None = "not checked"  # why they cannot read CPU_REPACK's Q4_K layout (None: they can)
 
     def configs(self) -> list[KernelConfig]:
         """Every configuration this build can realise, llama.cpp's default first."""
-        families = [b for b, ok in (("amx", self.amx), ("repack", self.repack), ("speclm", self.speclm is None),
-                                    ("plain", True)) if ok]
+        families = [b for b in BUFFERS if self.unavailable(b) is None]
         return [KernelConfig(b, t) for b in families for t in (True, False)]
 
     def unavailable(self, family: str) -> str | None:
@@ -111,8 +117,10 @@ class BuildInfo:
                     f"{self.system_info or 'unknown'}); AMX needs an Intel CPU with AMX and a build made on it")
         if family == "repack" and not self.repack:
             return "this llama.cpp build has no CPU_REPACK kernels"
-        if family == "speclm" and self.speclm is not None:
+        if family.startswith("speclm") and self.speclm is not None:
             return self.speclm
+        if family == "speclm-repack" and self.speclm_repack is not None:
+            return self.speclm_repack
         return None
 
 
@@ -125,7 +133,7 @@ def build_info() -> BuildInfo:
     flags = dict(re.findall(r"(\w+) = (\d+)", text))
     ours = native.status()
     return BuildInfo(text, flags.get("AMX_INT8") == "1", flags.get("REPACK") == "1",
-                     None if ours.available else ours.reason)
+                     None if ours.available else ours.reason, native.interleaved_off())
 
 
 # ---- process-wide settings ----------------------------------------------------------

@@ -80,7 +80,8 @@ class LlamaCppBackend(Backend):
         if kernels is not None:
             mparams.use_extra_bufts = kernels.use_extra_bufts
         recent_errors.clear()
-        with native.claiming(kernels is not None and kernels.claims):
+        claims = kernels is not None and kernels.claims
+        with native.claiming(claims, claims and kernels.interleaves_q4k):
             self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelError(f"llama.cpp could not load {self.path}: {last_error()}; the file is corrupt, "

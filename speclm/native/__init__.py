@@ -5,10 +5,10 @@ install (setup.py; an install where it cannot build still works, without it). `r
 puts its buffer type first in libggml-cpu's list before the process loads a model; it checks
 ggml's layouts first and refuses, with a reason, on any llama-cpp-python it was not written
 for. A model then uses these kernels only when loaded while `claiming` (the `speclm` kernel
-configuration); every other model runs on llama.cpp's kernels exactly as before. There, Q4_K
-weights are kept interleaved as llama.cpp's CPU_REPACK lays them out (so one-row decode runs
-llama.cpp's repacked kernel on them) unless that layout fails its check or $SPECLM_NATIVE_Q4K is
-"plain"; Q6_K weights keep ggml's plain layout.
+configurations); every other model runs on llama.cpp's kernels exactly as before. The `speclm`
+configuration keeps the weights in ggml's layout; `speclm-repack` keeps Q4_K weights interleaved
+as llama.cpp's CPU_REPACK lays them out (so one-row decode runs llama.cpp's repacked kernel on
+them), where that layout passes its check. Q6_K weights always keep ggml's layout.
 docs/kernels.md#speclms-kernels has the whole contract.
 """
 
@@ -26,8 +26,6 @@ PINNED_LLAMA_CPP = "0.3.36"  # the llama-cpp-python whose ggml ggml_abi.h declar
 DISABLE_ENV = "SPECLM_NATIVE"  # "0": never load the library (llama.cpp's kernels only)
 ROWS_ENV = "SPECLM_NATIVE_ROWS"  # "LO-HI": the activation rows these kernels take (default ROWS)
 ISA_ENV = "SPECLM_NATIVE_ISA"  # "avx2": run the AVX2 kernels on an AVX-512 CPU (to measure them)
-LAYOUT_ENV = "SPECLM_NATIVE_Q4K"  # "plain": Q4_K weights in ggml's layout, not CPU_REPACK's (to measure it)
-LAYOUTS = ("interleaved", "plain")
 ROWS = (2, 64)  # one-row decode stays on llama.cpp's kernels; prefill chunks past 64 rows too
 ISAS = {1: "avx2", 2: "avx512-vnni"}
 WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2}  # q4_K_x8: eight rows interleaved as CPU_REPACK does
@@ -115,9 +113,6 @@ def register(llama_lib_dir: Path) -> Status:
         wanted = os.environ.get(ISA_ENV, "").strip().lower()
         if wanted and wanted not in ISAS.values():
             raise ValueError(f"{ISA_ENV}={wanted!r}: choose one of {', '.join(ISAS.values())}")
-        layout = os.environ.get(LAYOUT_ENV, "").strip().lower() or LAYOUTS[0]
-        if layout not in LAYOUTS:
-            raise ValueError(f"{LAYOUT_ENV}={layout!r}: choose one of {', '.join(LAYOUTS)}")
     except ValueError as exc:
         _status = Status(False, f"speclm's kernels are off: {exc}")
         return _status
@@ -128,12 +123,8 @@ def register(llama_lib_dir: Path) -> Status:
     loaded.speclm_kernels_rows(lo, hi)
     _lib = loaded
     isa = force_isa(wanted) if wanted else ISAS.get(loaded.speclm_kernels_isa(0), "?")
-    if loaded.speclm_kernels_interleaved(int(layout == "interleaved")) == 1:
-        q4k = "Q4_K interleaved as CPU_REPACK lays it out"
-    elif layout == "plain":
-        q4k = f"Q4_K in ggml's plain layout ({LAYOUT_ENV}=plain)"
-    else:
-        q4k = "Q4_K in ggml's plain layout: " + loaded.speclm_kernels_interleaved_off().decode("utf-8", "replace")
+    off = interleaved_off()
+    q4k = "Q4_K in ggml's layout or CPU_REPACK's" if off is None else f"Q4_K in ggml's layout only: {off}"
     _status = Status(True, f"{isa} for {lo}-{hi} rows; {q4k}", isa)
     return _status
 
@@ -144,18 +135,28 @@ def status() -> Status:
 
 
 @contextmanager
-def claiming(on: bool):
-    """Models loaded inside put their Q4_K/Q6_K matmul weights in speclm's buffer (on) or not."""
+def claiming(on: bool, interleaved: bool = False):
+    """Models loaded inside put their Q4_K/Q6_K matmul weights in speclm's buffer (on) or not;
+    interleaved: Q4_K weights in CPU_REPACK's layout (see `interleaved_off`)."""
     if _lib is None:
         if on:
             raise RuntimeError(f"speclm's kernels are not available: {status().reason}")
         yield
         return
+    if on and _lib.speclm_kernels_interleaved(int(interleaved)) != 1 and interleaved:
+        raise RuntimeError(f"speclm's kernels cannot read CPU_REPACK's layout here: {interleaved_off()}")
     _lib.speclm_kernels_claim(int(on))
     try:
         yield
     finally:
         _lib.speclm_kernels_claim(0)
+
+
+def interleaved_off() -> str | None:
+    """Why speclm's kernels cannot keep Q4_K weights in CPU_REPACK's layout here (None: they can)."""
+    if _lib is None:
+        return status().reason
+    return _lib.speclm_kernels_interleaved_off().decode("utf-8", "replace") or None
 
 
 def handled() -> int:

@@ -330,7 +330,6 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     our_type.context = &extra;
     auto &list = g.extra_buffer_types();
     interleaved_off = check_repack(list);
-    interleaved = interleaved_off.empty();
     if (repack_type) {
         our_x8_type.iface = repack_type->iface;  // CPU_REPACK's type, but ours by name and by allocation
         our_x8_type.iface.get_name = x8_type_get_name;

@@ -115,12 +115,21 @@ inline void x8_scales_mins(const uint8_t *blk, __m128i lanes[8]) {
     lanes[6] = _mm_unpacklo_epi64(s67, m67), lanes[7] = _mm_unpackhi_epi64(s67, m67);
 }
 
-// Row `lane`'s quant bytes 32c..32c+31 of an interleaved block.
-__attribute__((target(SPECLM_AVX2))) inline __m256i x8_chunk(const uint8_t *blk, int lane, int c) {
-    const uint8_t *p = blk + X8::QS + 256 * c + 8 * lane;
-    long long v[4];
-    for (int i = 0; i < 4; ++i) std::memcpy(&v[i], p + 64 * i, 8);
-    return _mm256_setr_epi64x(v[0], v[1], v[2], v[3]);
+// Rows 4h..4h+3's quant bytes of an interleaved block, q[r][c] = row 4h+r's bytes 32c..32c+31: each
+// chunk is one 4x4 transpose of 8-byte words (line 4c+i holds word i of every row's chunk c).
+__attribute__((target(SPECLM_AVX2))) inline void x8_quad(const uint8_t *blk, int h, __m256i q[4][4]) {
+    for (int c = 0; c < 4; ++c) {
+        const uint8_t *p = blk + X8::QS + 256 * c + 32 * h;
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)p), a1 = _mm256_loadu_si256((const __m256i *)(p + 64));
+        const __m256i a2 = _mm256_loadu_si256((const __m256i *)(p + 128));
+        const __m256i a3 = _mm256_loadu_si256((const __m256i *)(p + 192));
+        const __m256i t0 = _mm256_unpacklo_epi64(a0, a1), t1 = _mm256_unpackhi_epi64(a0, a1);
+        const __m256i t2 = _mm256_unpacklo_epi64(a2, a3), t3 = _mm256_unpackhi_epi64(a2, a3);
+        q[0][c] = _mm256_permute2x128_si256(t0, t2, 0x20);
+        q[1][c] = _mm256_permute2x128_si256(t1, t3, 0x20);
+        q[2][c] = _mm256_permute2x128_si256(t0, t2, 0x31);
+        q[3][c] = _mm256_permute2x128_si256(t1, t3, 0x31);
+    }
 }
 
 // Row `lane`'s d and dmin as floats.
@@ -247,7 +256,7 @@ __attribute__((target(SPECLM_AVX2))) void gemm_x8_avx2(const uint8_t *w, size_t 
                                                        const Activations &act, int j0, int j1, float *dst,
                                                        size_t dst_stride) {
     Scales2 s;
-    __m256 acc[8][ROW_TILE];
+    __m256 acc[8][ROW_TILE + 1];  // +1: rows 4 KiB apart would alias
     const int n = j1 - j0;
     for (int64_t g = r0 / 8; g < r1 / 8; ++g) {
         for (int l = 0; l < 8; ++l)
@@ -258,12 +267,16 @@ __attribute__((target(SPECLM_AVX2))) void gemm_x8_avx2(const uint8_t *w, size_t 
             prefetch_x8(blk);
             __m128i sm[8];
             x8_scales_mins(blk, sm);
-            for (int l = 0; l < 8; ++l) {
-                __m256i q[4], wv[8], bm;
-                float d, cb;
-                for (int c = 0; c < 4; ++c) q[c] = x8_chunk(blk, l, c);
-                q4k_avx2(q, sm[l], x8_halves(blk, l), wv, s, bm, d, cb);
-                dot_rows_avx2(wv, s, bm, d, cb, act, b, j0, n, acc[l]);
+            for (int h = 0; h < 2; ++h) {
+                __m256i q[4][4];
+                x8_quad(blk, h, q);
+                for (int r = 0; r < 4; ++r) {
+                    const int l = 4 * h + r;
+                    __m256i wv[8], bm;
+                    float d, cb;
+                    q4k_avx2(q[r], sm[l], x8_halves(blk, l), wv, s, bm, d, cb);
+                    dot_rows_avx2(wv, s, bm, d, cb, act, b, j0, n, acc[l]);
+                }
             }
         }
         for (int l = 0; l < 8; ++l)
@@ -392,7 +405,7 @@ __attribute__((target(SPECLM_AVX512))) void gemm_avx512(const uint8_t *w, size_t
 __attribute__((target(SPECLM_AVX512))) void gemm_x8_avx512(const uint8_t *w, size_t w_row_bytes, int64_t r0,
                                                            int64_t r1, const Activations &act, int j0, int j1,
                                                            float *dst, size_t dst_stride) {
-    __m256 acc[8][ROW_TILE];
+    __m256 acc[8][ROW_TILE + 1];  // +1: rows 4 KiB apart would alias
     const int n = j1 - j0;
     for (int64_t g = r0 / 8; g < r1 / 8; ++g) {
         for (int l = 0; l < 8; ++l)
@@ -406,12 +419,14 @@ __attribute__((target(SPECLM_AVX512))) void gemm_x8_avx512(const uint8_t *w, siz
             const int8_t *y = act.row_qs(b, j0);
             const int16_t *bs = act.row_bsums(b, j0);
             const float *dy = &act.d[(size_t)b * act.ny + j0];
+            alignas(32) __m256i q[2][4][4];
+            x8_quad(blk, 0, q[0]);
+            x8_quad(blk, 1, q[1]);
+            asm volatile("" ::: "memory");  // keep them in memory: in registers they crowd out the dot loop's
             for (int l = 0; l < 8; l += 2) {
                 Block512 u0, u1;
-                __m256i q0[4], q1[4];
-                for (int c = 0; c < 4; ++c) q0[c] = x8_chunk(blk, l, c), q1[c] = x8_chunk(blk, l + 1, c);
-                q4k_512(q0, sm[l], x8_halves(blk, l), u0);
-                q4k_512(q1, sm[l + 1], x8_halves(blk, l + 1), u1);
+                q4k_512(q[l / 4][l % 4], sm[l], x8_halves(blk, l), u0);
+                q4k_512(q[l / 4][l % 4 + 1], sm[l + 1], x8_halves(blk, l + 1), u1);
                 for (int j = 0; j < n; ++j) {
                     acc[l][j] = row_block512(u0, y + QK * j, bs + 16 * j, dy + j, acc[l][j]);
                     acc[l + 1][j] = row_block512(u1, y + QK * j, bs + 16 * j, dy + j, acc[l + 1][j]);
