@@ -106,9 +106,12 @@ class BuildInfo:
     speclm_repack: str | None = "not checked"  # why they cannot read CPU_REPACK's Q4_K layout (None: they can)
 
     def configs(self) -> list[KernelConfig]:
-        """Every configuration this build can realise, llama.cpp's default first."""
+        """Every configuration this build can realise, llama.cpp's default first. speclm's
+        families come tiled only: untiled, prefill chunks past their 64 rows would run ggml's
+        one-row kernels over Q4_K (Q6_K) weights, which the probe's curve does not see
+        (docs/kernels.md#configurations)."""
         families = [b for b in BUFFERS if self.unavailable(b) is None]
-        return [KernelConfig(b, t) for b in families for t in (True, False)]
+        return [KernelConfig(b, t) for b in families for t in (True, False) if t or not b.startswith("speclm")]
 
     def unavailable(self, family: str) -> str | None:
         """Why a family cannot run with this build (None: it can)."""

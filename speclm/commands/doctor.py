@@ -128,11 +128,11 @@ def render(d: dict) -> str:
              f"verdicts     {d['verdict_file']} (machine key {d['machine_key']})"]
     for m in d["models"] + d["variants"]:
         lines += ["", f"{m['name']} ({m['file']})",
-                  f"  {'kernels':<14}{'verdict':<34}" + "".join(f"{f'v({b})':>8}" for b in probe.TIMED_BLOCKS)
+                  f"  {'kernels':<21}{'verdict':<31}" + "".join(f"{f'v({b})':>8}" for b in probe.TIMED_BLOCKS)
                   + f"{'spec tok/s':>12}{'AR tok/s':>10}"]
         for name, row in m["configs"].items():
             v = row["v_ms"]
-            lines.append(f"  {name:<14}{row['verdict'][:33]:<34}"
+            lines.append(f"  {name:<21}{row['verdict'][:30]:<31}"
                          + "".join(f"{v.get(str(b), '-'):>8}" for b in probe.TIMED_BLOCKS)
                          + f"{row['speculation_tok_s'] or '-':>12}{row['decoding_tok_s'] or '-':>10}")
         lines.append(f"  speclm uses: {m['uses']} ({m['reason']})")
