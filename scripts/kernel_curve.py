@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 BLOCKS = (1, 2, 3, 4, 8, 16, 32, 64)
 
@@ -32,21 +31,15 @@ def child(args: argparse.Namespace) -> None:
     from speclm import native
     from speclm.backends import kernels as K
     from speclm.backends.llamacpp import LlamaCppBackend
-    from speclm.costs import FILLER, time_curve
+    from speclm.costs import time_curve, time_prefill
     from speclm.models.catalog import resolve_model
     config = K.parse_config(args.child.partition("@")[0])
     path = resolve_model(args.model)
     K.apply(config, path.name)
     backend = LlamaCppBackend(path, n_ctx=1024, n_threads=args.threads, n_seq_max=1, kernels=config)
     curve = time_curve(backend, BLOCKS, 64, args.repeats, statistics.median)
-    seq = backend.new_sequence()
-    prefill = []
-    for _ in range(args.repeats):
-        t0 = time.perf_counter()
-        backend.prefill(seq, [FILLER] * args.prefill_tokens)
-        prefill.append((time.perf_counter() - t0) * 1000)
-        backend.rollback(seq, 0)
-    print(json.dumps({"v_ms": curve, "prefill_ms": statistics.median(prefill), "native": native.status().reason,
+    prefill = time_prefill(backend, args.prefill_tokens, args.repeats, statistics.median)
+    print(json.dumps({"v_ms": curve, "prefill_ms": prefill, "native": native.status().reason,
                       "handled": native.handled()}))
 
 

@@ -98,6 +98,23 @@ def time_curve(backend: TimedBackend, sizes: Sequence[int], context: list[int] |
     return {b: statistic(ts) for b, ts in times.items()}
 
 
+def time_prefill(backend: TimedBackend, tokens: int, repeats: int = 2,
+                 statistic: Callable[[list[float]], float] = min) -> float:
+    """ms to prefill a prompt of `tokens` filler tokens into a fresh sequence (the backend's own
+    chunking): the `statistic` of `repeats` timings."""
+    seq = backend.new_sequence()
+    times = []
+    try:
+        for _ in range(repeats):
+            t0 = clock_ms()
+            backend.prefill(seq, [FILLER] * tokens)
+            times.append(clock_ms() - t0)
+            backend.rollback(seq, 0)
+    finally:
+        backend.free(seq)
+    return statistic(times)
+
+
 SPLIT_GAIN = 0.9  # a step runs as several forwards only when priced >= 10 % cheaper (the curve is noisy)
 
 

@@ -247,6 +247,20 @@ def test_decoding_is_scored_by_one_step_and_speculation_by_the_whole_curve():
     assert probe.work_rate(dear_blocks, "speculation") >= probe.work_rate(dear_blocks, "decoding") * (1 - 1e-12)  # K = 0
 
 
+def test_each_score_counts_a_prompt_token_per_generated_one():
+    # a generated token's time gains PROMPT_PER_TOKEN prompt tokens' share of the timed prefill,
+    # so a configuration with cheaper blocks but a dearer prefill can lose (docs/kernels.md#the-choice)
+    blocks = {1: 40.0, 2: 60.0, 4: 80.0, 8: 120.0, 16: 200.0}
+    alone = probe.work_rate(blocks, "decoding")
+    with_prompt = probe.work_rate(blocks, "decoding", prefill_ms=2560.0)
+    assert with_prompt == pytest.approx(1000 / (1000 / alone + probe.PROMPT_PER_TOKEN * 2560.0 / probe.PREFILL_TOKENS))
+    quick_prompt = {b: ms * 1.05 for b, ms in blocks.items()}
+    for work in ("decoding", "speculation"):
+        assert probe.work_rate(blocks, work) > probe.work_rate(quick_prompt, work)
+        assert probe.work_rate(blocks, work, prefill_ms=2700.0) < probe.work_rate(quick_prompt, work, prefill_ms=1900.0)
+    assert probe.work_rate(blocks, "speculation", prefill_ms=None) == probe.work_rate(blocks, "speculation")
+
+
 def test_a_configuration_must_beat_an_earlier_one_by_the_tie_margin(smol_path):
     build = K.BuildInfo("test", amx=False, repack=True)
     curve = {1: 100.0, 2: 150.0, 4: 250.0, 8: 450.0, 16: 850.0}
@@ -290,9 +304,10 @@ def test_doctor_reports_verdicts_costs_and_the_choice(verdicts):
     assert model["name"] == SMOL and model["uses"] in model["configs"]
     for name, row in model["configs"].items():
         assert row["verdict"] == "ok" and set(row["v_ms"]) == {str(b) for b in probe.TIMED_BLOCKS}, name
+        assert row["prefill_ms"] > row["v_ms"]["64"], name  # a 256-token prompt: more than one 64-row forward
     text = subprocess.run([sys.executable, "-m", "speclm", "doctor", "--target", SMOL, "--no-quality"],
                           capture_output=True, text=True, timeout=600).stdout
-    assert f"speclm uses: {model['uses']}" in text and "v(16)" in text
+    assert f"speclm uses: {model['uses']}" in text and "v(16)" in text and f"pre({probe.PREFILL_TOKENS})" in text
 
 
 # constructed curves after the Zen 3's of issue 41 (tiled: v(1) 67 ms, 8 and 16 rows 452 and 568 ms;

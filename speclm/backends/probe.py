@@ -37,12 +37,14 @@ from ..errors import BackendError, InvalidRequestError, ModelError, SpeclmError,
 from ..machine import busy_cpus, busy_warning, cpu_flags, cpu_model
 from . import kernels as K
 
-PROBE_VERSION = 2  # 2: v(32) and v(64) timed too (verdicts of 1 lack them: probed again)
+PROBE_VERSION = 3  # 2: v(32) and v(64) timed too; 3: a prompt's prefill too (older verdicts: probed again)
 PROBE_BLOCKS = (1, 2, 3, 8, 16)  # the forwards whose logits are checked
 # v(b) measured for each usable configuration: one stream's blocks up to 16, and a server's
 # steps (16 streams with 2 or 4 rows each), which per row cost less than 16 rows (docs/kernels.md)
 TIMED_BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 PROBE_CONTEXT = 64  # tokens in the KV before the timed blocks
+PREFILL_TOKENS = 256  # the prompt whose prefill is timed: one chunk past 64 rows, which v(b) never prices
+PROMPT_PER_TOKEN = 1.0  # prompt tokens a score counts per generated token (docs/kernels.md#the-choice)
 PROBE_TIMEOUT_S = 180.0  # $SPECLM_PROBE_TIMEOUT overrides
 LOGIT_TOLERANCE = 1.5  # max |Δ logit| against the plain kernels (measured between sound paths: 0.3-0.5)
 MARGIN_FOR_TOP1 = 2 * LOGIT_TOLERANCE  # top-1 must agree where the reference leads by more than this
@@ -68,6 +70,7 @@ class Verdict:
     v_ms: dict[int, float] = field(default_factory=dict)  # median ms per block size (usable ones)
     threads: int | None = None
     probed_at: str = ""
+    prefill_ms: float | None = None  # ms to prefill PREFILL_TOKENS tokens (usable ones)
 
     @property
     def usable(self) -> bool:
@@ -97,6 +100,10 @@ class KernelChoice:
     @property
     def v_ms(self) -> dict[int, float]:
         return self.verdicts[self.name].v_ms if self.name in self.verdicts else {}
+
+    @property
+    def prefill_ms(self) -> float | None:
+        return self.verdicts[self.name].prefill_ms if self.name in self.verdicts else None
 
     def curve(self, threads: int) -> dict[int, float] | None:
         """The chosen configuration's v(b) as the probe timed it (costs.calibrate's way: min
@@ -222,7 +229,8 @@ def _run_child(config: K.KernelConfig, path: Path, out: Path, threads: int, time
         last = next((ln for ln in reversed(proc.stderr.splitlines()) if ln.strip()), "no message")
         return Verdict(config.name, "failed", f"exit {proc.returncode}: {last[:200]}", probed_at=now)
     v_ms = json.loads((out / "v_ms.json").read_text()) if timed else {}
-    return Verdict(config.name, "ok", "", {int(b): ms for b, ms in v_ms.items()}, threads, now)
+    prefill = json.loads((out / "prefill_ms.json").read_text()) if timed else None
+    return Verdict(config.name, "ok", "", {int(b): ms for b, ms in v_ms.items()}, threads, now, prefill)
 
 
 def compare_logits(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> str | None:
@@ -289,8 +297,9 @@ class Prober:
 WORKS = ("speculation", "decoding", "serving")  # what a process loads a model for (work_rate scores each)
 
 
-def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
-    """Tokens per second the curve gives the work, its rounds priced as the controller
+def work_rate(v_ms: dict[int, float], work: str, streams: int = 1, prefill_ms: float | None = None) -> float:
+    """Tokens per second the curve gives the work, its prompts' prefill counted, its rounds
+    priced as the controller
     prices them (costs.round_rate: E / (v(K + 1) + o)): one token a round at K = 0 for
     decoding; for speculation, the geometric mean over SPECULATION_ALPHAS of the best rate
     over K (costs.best_rate);
@@ -298,7 +307,17 @@ def work_rate(v_ms: dict[int, float], work: str, streams: int = 1) -> float:
     get together when each decodes one token a step, the step priced as the engine
     prices it (CostModel.groups: one forward, or the split it would run). A server is
     chosen for its full load of one-token rows (where answers repeat its steps may run
-    longer even blocks, docs/design.md#even-blocks; that is not scored)."""
+    longer even blocks, docs/design.md#even-blocks; that is not scored). prefill_ms (a
+    PREFILL_TOKENS-token prompt's) adds PROMPT_PER_TOKEN prompt tokens' prefill to each
+    generated token's time."""
+    rate = _generation_rate(v_ms, work, streams)
+    if not rate or not prefill_ms:
+        return rate
+    return 1000.0 / (1000.0 / rate + PROMPT_PER_TOKEN * prefill_ms / PREFILL_TOKENS)
+
+
+def _generation_rate(v_ms: dict[int, float], work: str, streams: int) -> float:
+    """work_rate without the prompts: tokens per second of generation alone."""
     from ..costs import TIMED_K, CostModel, best_rate, round_rate
     if not v_ms:
         return 0.0
@@ -410,7 +429,7 @@ def _pick(path: Path, request: str, work: str, build: K.BuildInfo, wanted: dict[
         n = next(iter(usable))
         raise InvalidRequestError(f"kernels {request} for {path.name}: {K.PROCESS.fits(K.parse_config(n), build)}; "
                                   f"load it in a new process, or with --kernels auto")
-    scores = {n: work_rate(v.v_ms, work, streams) for n, v in fitting.items()}
+    scores = {n: work_rate(v.v_ms, work, streams, v.prefill_ms) for n, v in fitting.items()}
     best = next(iter(fitting))  # build order: llama.cpp's default first
     for n in fitting:
         if scores[n] > scores[best] * (1 + TIE):
@@ -449,7 +468,7 @@ def _child(args: argparse.Namespace) -> int:
     fault = _fault(config)
     K.apply(config, Path(args.model).name)
     try:
-        backend = LlamaCppBackend(args.model, n_ctx=PROBE_CONTEXT + 2 * max(TIMED_BLOCKS),
+        backend = LlamaCppBackend(args.model, n_ctx=max(PROBE_CONTEXT + 2 * max(TIMED_BLOCKS), PREFILL_TOKENS + 16),
                                   n_threads=args.threads, n_seq_max=1, kernels=config)
     except SpeclmError as exc:
         print(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
@@ -470,9 +489,10 @@ def _child(args: argparse.Namespace) -> int:
         logits = {b: np.roll(rows, 7, axis=1) for b, rows in logits.items()}
     np.savez(Path(args.out) / "logits.npz", **logits)
     if args.time:
-        from ..costs import calibrate
+        from ..costs import calibrate, time_prefill
         cost = calibrate(backend, None, blocks=TIMED_BLOCKS, repeats=2, context=PROBE_CONTEXT)  # min of 2
         (Path(args.out) / "v_ms.json").write_text(json.dumps(cost.verify_ms))
+        (Path(args.out) / "prefill_ms.json").write_text(json.dumps(time_prefill(backend, PREFILL_TOKENS)))
     backend.close()
     return 0
 

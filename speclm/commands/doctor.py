@@ -43,8 +43,9 @@ def _model_report(name: str, work: str, request: str | None, threads: int | None
     path = resolve_model(name)
     choice = probe.choose_kernels(path, request, threads, work, apply=False)
     rows = {n: {"verdict": v.describe(), "v_ms": {str(b): round(ms, 1) for b, ms in sorted(v.v_ms.items())},
-                "speculation_tok_s": round(probe.work_rate(v.v_ms, "speculation"), 2) if v.v_ms else None,
-                "decoding_tok_s": round(probe.work_rate(v.v_ms, "decoding"), 2) if v.v_ms else None}
+                "prefill_ms": round(v.prefill_ms, 1) if v.prefill_ms else None,
+                **{f"{w}_tok_s": round(probe.work_rate(v.v_ms, w, 1, v.prefill_ms), 2) if v.v_ms else None
+                   for w in ("speculation", "decoding")}}
             for n, v in choice.verdicts.items()}
     return {"name": name, "file": path.name, "uses": choice.name, "reason": choice.reason, "configs": rows,
             "_path": path, "_choice": choice}
@@ -91,7 +92,8 @@ def diagnose(target: str | None = None, threads: int | None = None, request: str
         base = models[0]["_choice"]
         mine = report["_choice"]
         report["speedup_vs_target"] = {
-            work: round(probe.work_rate(mine.v_ms, work) / probe.work_rate(base.v_ms, work), 3)
+            work: round(probe.work_rate(mine.v_ms, work, 1, mine.prefill_ms)
+                        / probe.work_rate(base.v_ms, work, 1, base.prefill_ms), 3)
             for work in ("speculation", "decoding")}
         variants.append(report)
     if variants and quality:
@@ -129,11 +131,12 @@ def render(d: dict) -> str:
     for m in d["models"] + d["variants"]:
         lines += ["", f"{m['name']} ({m['file']})",
                   f"  {'kernels':<21}{'verdict':<31}" + "".join(f"{f'v({b})':>8}" for b in probe.TIMED_BLOCKS)
-                  + f"{'spec tok/s':>12}{'AR tok/s':>10}"]
+                  + f"{f'pre({probe.PREFILL_TOKENS})':>10}{'spec tok/s':>12}{'AR tok/s':>10}"]
         for name, row in m["configs"].items():
             v = row["v_ms"]
             lines.append(f"  {name:<21}{row['verdict'][:30]:<31}"
                          + "".join(f"{v.get(str(b), '-'):>8}" for b in probe.TIMED_BLOCKS)
+                         + f"{row['prefill_ms'] or '-':>10}"
                          + f"{row['speculation_tok_s'] or '-':>12}{row['decoding_tok_s'] or '-':>10}")
         lines.append(f"  speclm uses: {m['uses']} ({m['reason']})")
         if "speedup_vs_target" in m:
