@@ -143,8 +143,10 @@ def claiming(on: bool, interleaved: bool = False):
             raise RuntimeError(f"speclm's kernels are not available: {status().reason}")
         yield
         return
-    if on and _lib.speclm_kernels_interleaved(int(interleaved)) != 1 and interleaved:
-        raise RuntimeError(f"speclm's kernels cannot read CPU_REPACK's layout here: {interleaved_off()}")
+    if on:
+        layout = _lib.speclm_kernels_interleaved(int(interleaved))  # -1: the layout is off here
+        if interleaved and layout != 1:
+            raise RuntimeError(f"speclm's kernels cannot read CPU_REPACK's layout here: {interleaved_off()}")
     _lib.speclm_kernels_claim(int(on))
     try:
         yield

@@ -2,12 +2,13 @@
 // libggml-cpu consults, that claim the Q4_K and Q6_K matmul weights of the models loaded while
 // claiming is on and compute their multi-row matmuls on ggml's own threads.
 //
-// CPU_SPECLM holds Q6_K weights (and Q4_K where the interleaved type cannot run) in ggml's own
-// layout: ggml's CPU buffer, relabelled. CPU_SPECLM_Q4KX8 holds Q4_K weights as ggml's CPU_REPACK
-// lays them out (its buffer, relabelled: ggml repacks them as they load). Any matmul these kernels
-// decline (a row count outside the range, a shape they do not take) runs ggml's own code on the same
-// bytes: vec_dot for the first type, CPU_REPACK's kernels for the second, so a one-row decode costs
-// what it costs on llama.cpp's best configuration. docs/kernels.md#speclms-kernels explains the contract.
+// CPU_SPECLM holds weights in ggml's own layout (ggml's CPU buffer, relabelled): Q6_K always, Q4_K
+// for the `speclm` configuration. CPU_SPECLM_Q4KX8 holds Q4_K weights as ggml's CPU_REPACK lays them
+// out (its buffer, relabelled: ggml repacks them as they load), for `speclm-repack`. Any matmul these
+// kernels decline (a row count outside the range, a shape they do not take) runs ggml's own code on
+// the same bytes: vec_dot for the first type, CPU_REPACK's kernels for the second, so on
+// `speclm-repack` a one-row decode costs what it costs on `repack`. docs/kernels.md#speclms-kernels
+// explains the contract.
 #include <dlfcn.h>
 
 #include <algorithm>

@@ -256,7 +256,7 @@ __attribute__((target(SPECLM_AVX2))) void gemm_x8_avx2(const uint8_t *w, size_t 
                                                        const Activations &act, int j0, int j1, float *dst,
                                                        size_t dst_stride) {
     Scales2 s;
-    __m256 acc[8][ROW_TILE + 1];  // +1: rows 4 KiB apart would alias
+    __m256 acc[8][ROW_TILE];
     const int n = j1 - j0;
     for (int64_t g = r0 / 8; g < r1 / 8; ++g) {
         for (int l = 0; l < 8; ++l)
@@ -405,7 +405,7 @@ __attribute__((target(SPECLM_AVX512))) void gemm_avx512(const uint8_t *w, size_t
 __attribute__((target(SPECLM_AVX512))) void gemm_x8_avx512(const uint8_t *w, size_t w_row_bytes, int64_t r0,
                                                            int64_t r1, const Activations &act, int j0, int j1,
                                                            float *dst, size_t dst_stride) {
-    __m256 acc[8][ROW_TILE + 1];  // +1: rows 4 KiB apart would alias
+    __m256 acc[8][ROW_TILE];
     const int n = j1 - j0;
     for (int64_t g = r0 / 8; g < r1 / 8; ++g) {
         for (int l = 0; l < 8; ++l)
@@ -419,10 +419,9 @@ __attribute__((target(SPECLM_AVX512))) void gemm_x8_avx512(const uint8_t *w, siz
             const int8_t *y = act.row_qs(b, j0);
             const int16_t *bs = act.row_bsums(b, j0);
             const float *dy = &act.d[(size_t)b * act.ny + j0];
-            alignas(32) __m256i q[2][4][4];
+            __m256i q[2][4][4];
             x8_quad(blk, 0, q[0]);
             x8_quad(blk, 1, q[1]);
-            asm volatile("" ::: "memory");  // keep them in memory: in registers they crowd out the dot loop's
             for (int l = 0; l < 8; l += 2) {
                 Block512 u0, u1;
                 q4k_512(q[l / 4][l % 4], sm[l], x8_halves(blk, l), u0);
