@@ -8,6 +8,7 @@ import json, time, statistics as S
 from llguidance import LLMatcher, LLParserLimits
 from speclm import LLM, Grammar
 from speclm import grammar_safety as gs
+from speclm.grammar_bounds import check_bounds
 import speclm.constraints as C
 from speclm.constraints import GrammarMask, matcher_for, tokenizer_for
 llm = LLM(target="smollm2-135m", max_sequences=1)
@@ -28,7 +29,7 @@ def direct(i):
 def safe_new(i):
     GrammarMask(Grammar.json_schema(schema(i)), b)
 def bounds(i):
-    gs.check_bounds("json_schema", Grammar.json_schema(schema(20_000 + i)).text)
+    check_bounds("json_schema", Grammar.json_schema(schema(20_000 + i)).text)
 def worker(i):
     gs.WORKER.check(C._compiled(b).worker_key(), None, Grammar.json_schema(schema(30_000 + i)).source())
 cached = Grammar.json_schema(schema(-1)); GrammarMask(cached, b)

@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InvalidRequestError
-from .grammar_safety import PARSER_LIMITS, WORKER, GrammarCrash, check_bounds, on_big_stack
+from .grammar_bounds import check_bounds
+from .grammar_safety import PARSER_LIMITS, WORKER, GrammarCrash, on_big_stack
 from .grammar_worker import first_steps, llama_tokenizer
 
 # Grammar kinds a request may name, with what their text holds.

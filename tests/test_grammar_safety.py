@@ -20,7 +20,7 @@ import pytest
 from speclm import Grammar, InvalidRequestError
 from speclm import grammar_safety as gs
 from speclm.constraints import GrammarMask, check_grammar, first_allowed, matcher_for
-from speclm.grammar_safety import MAX_DEPTH, check_bounds, regex_repeat
+from speclm.grammar_bounds import MAX_DEPTH, check_bounds, regex_repeat
 
 from .test_structured import toy
 
