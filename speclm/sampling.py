@@ -82,6 +82,9 @@ class SamplingParams:
     grammar: Grammar | None = option(None, "what the output must match: a speclm.Grammar (a JSON schema, any "
                                      "JSON object, a regex, a Lark grammar); the commands' --json-schema and "
                                      "the server's response_format set it", cli=False)
+    # not a user's setting: (token, text) pairs whose tokens read as that text in the output's text, their ids
+    # unchanged; the server marks a vocabulary's tool-call tags so calls are read by token (server/call_reading.py)
+    shown_as: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -94,6 +97,7 @@ class SamplingParams:
             raise InvalidRequestError(f"stop must be a string or a list of strings, got {self.stop!r}")
         object.__setattr__(self, "logit_bias", normalised_bias(self.logit_bias))
         object.__setattr__(self, "grammar", Grammar.of(self.grammar))
+        object.__setattr__(self, "shown_as", tuple((int(t), str(text)) for t, text in self.shown_as))
         validate_sampling(self)
 
     @property

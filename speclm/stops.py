@@ -22,6 +22,7 @@ class StopChecker:
         self.eos_ids = frozenset() if params.ignore_eos else (eos_ids if eos_ids is not None else backend.eos_ids)
         self.token_ids: list[int] = []
         self._bytes = b""
+        self._shown = {token: text.encode() for token, text in params.shown_as}
         self._released = 0  # chars of the decoded text already released
         self.finished: str | None = None  # "stop" | "length" | "content_filter"
         self.eos_token: int | None = None  # the end-of-sequence token that finished it (in no text, no token_ids)
@@ -36,7 +37,8 @@ class StopChecker:
             self.eos_token = token
             return self._finish("stop")
         self.token_ids.append(token)
-        self._bytes += self.backend.token_bytes(token)
+        shown = self._shown.get(token)
+        self._bytes += self.backend.token_bytes(token) if shown is None else shown
         self.text = _decode_complete(self._bytes)
         at = self._earliest_stop()
         if at is not None:

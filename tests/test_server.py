@@ -465,7 +465,7 @@ def test_queue_full_is_429_and_the_time_limit_cancels():
             assert wait_until(lambda: app.state.speclm.engine.load == (1, 1))
             full = h.post(url + C, json=body)
             assert full.status_code == 429 and full.json()["error"]["code"] == "rate_limit_exceeded"
-            assert full.headers["retry-after"] == "1"  # schemas.RETRY_AFTER_S
+            assert full.headers["retry-after"] == "1"  # api_errors.RETRY_AFTER_S
             rest = list(events)
         assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["code"] == "request_timeout"
         waiter.join(10)

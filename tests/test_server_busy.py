@@ -13,7 +13,7 @@ import pytest
 from speclm import LLM, SamplingParams, SpecConfig
 from speclm.errors import BusyError
 from speclm.server import ServerConfig, create_app
-from speclm.server.schemas import api_error
+from speclm.server.api_errors import api_error
 
 from .test_server import C, SlowToy, live, sse_events
 

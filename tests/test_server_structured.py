@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from speclm import LLM, Grammar, SamplingParams, SpecConfig
 from speclm.server import ServerConfig, create_app
-from speclm.server.tools import CallStream, parse_calls
+from speclm.server.call_reading import BY_TOKEN, CallStream, parse_calls, token_tags
 
 from .test_server import C, CHAT, client, live
 from .test_structured import SCHEMA, toy
@@ -138,6 +138,34 @@ def test_a_streamed_answer_holds_back_text_from_the_call_tag_on():
     assert "".join(d["function"]["arguments"] for d in deltas + more) == "{}"
     plain = CallStream({"f"})
     assert plain.feed("a <tool") == ("a ", []) and plain.finish() == ("<tool", [], [])
+
+
+def test_where_the_tags_are_tokens_only_the_tokens_open_and_close_calls():
+    """BY_TOKEN: the engine shows the two tag tokens as U+FDD0 / U+FDD1 (SamplingParams.shown_as);
+    the tags' text spelled in ordinary tokens is content, an argument may hold it, and content
+    reaches the client with the tags spelled."""
+    opening, closing = BY_TOKEN.open, BY_TOKEN.close
+    text = (f'Write <tool_call> like this.{opening}\n{{"name": "f", "arguments": {{"s": "</tool_call>{{"}}}}\n'
+            f'{closing}\n')
+    content, calls = parse_calls(text, {"f"}, BY_TOKEN)
+    assert content == "Write <tool_call> like this." and len(calls) == 1
+    assert json.loads(calls[0].arguments) == {"s": "</tool_call>{"}
+    spelled = 'Sure: <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'  # ordinary tokens: no call
+    assert parse_calls(spelled, {"f"}, BY_TOKEN) == (spelled, [])
+    broken = f'{opening}\n{{"name": "f", "arguments": {{}}}}\n{closing} and text'
+    assert parse_calls(broken, {"f"}, BY_TOKEN) == ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call> and text', [])
+    stream, sent = CallStream({"f"}, BY_TOKEN), []
+    for piece in ["a <tool", "_call> b", opening, '\n{"name": "f", "arguments": {}}', f"\n{closing}"]:
+        sent.append(stream.feed(piece)[0])
+    assert "".join(sent) == "a <tool_call> b" and [c.name for c in stream.finish()[2]] == ["f"]
+
+
+def test_tags_are_read_by_token_only_where_each_is_one_token():
+    vocab = {"<tool_call>": [7], "</tool_call>": [8]}
+    tags, shown = token_tags(lambda text: vocab[text])
+    assert tags is BY_TOKEN and shown == ((7, BY_TOKEN.open), (8, BY_TOKEN.close))
+    tags, shown = token_tags(lambda text: [1, 2, 3])
+    assert tags.open == "<tool_call>" and shown == ()
 
 
 # ---- real models --------------------------------------------------------------------------

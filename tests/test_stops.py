@@ -90,3 +90,17 @@ def test_streamed_text_holds_back_incomplete_utf8(smollm):
                           on_text=pieces.append)
     assert "".join(pieces) == res.text
     assert "\ufffd" not in "".join(pieces)
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_tokens_shown_as_other_text_change_the_text_not_the_tokens(k):
+    """SamplingParams.shown_as (the server's tool-call tags): each such token reads as its text."""
+    target = ToyBackend(6, seed=5)
+    prompt = [0, 1, 2, 0, 1, 2, 0, 1]
+    plain = _plain_text(target, prompt, 20)
+    marked = steps.generate(target, NgramProposer(1, 3), prompt,
+                            SamplingParams(max_new_tokens=20, shown_as=((plain.token_ids[0], "\ufdd0"),)), k)
+    assert marked.token_ids == plain.token_ids
+    expected = "".join("\ufdd0" if t == plain.token_ids[0] else target.token_bytes(t).decode()
+                       for t in plain.token_ids)
+    assert marked.text == expected and marked.text != plain.text

@@ -28,7 +28,8 @@ from ..metrics import GenerationResult
 from ..server.access import Access
 from ..server.http import http_app
 from ..server.prom import ServerMetrics, merge_expositions
-from ..server.schemas import APIError, _GenerationRequest
+from ..server.api_errors import APIError
+from ..server.schemas import _GenerationRequest
 from ..server.tenants import SHARED, Tenants
 from .directory import directory
 from .routing import routing_key

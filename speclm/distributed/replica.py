@@ -27,7 +27,8 @@ from ray import serve
 
 from ..api import LLM
 from ..server.app import ServerState
-from ..server.schemas import APIError, _GenerationRequest, api_error
+from ..server.api_errors import APIError, api_error
+from ..server.schemas import _GenerationRequest
 from .cpus import assigned_threads
 from .directory import directory
 from .settings import ReplicaSpec

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from starlette.types import Scope
 
 from .peers import is_loopback
-from .schemas import APIError, quoted
+from .api_errors import APIError, quoted
 from .tenants import SHARED, Tenants
 
 

@@ -53,7 +53,8 @@ from .access import Access
 from .http import http_app
 from .prom import ServerMetrics
 from .tenants import SHARED, Tenants
-from .schemas import ParamError, _GenerationRequest, api_error, hide_path
+from .api_errors import ParamError, api_error, hide_path
+from .schemas import _GenerationRequest
 from .structured import compiled
 
 

@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .peers import client_key
-from .schemas import RETRY_AFTER_S, APIError, error_body
+from .api_errors import RETRY_AFTER_S, APIError, error_body
 
 
 @dataclass(frozen=True)

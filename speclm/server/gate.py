@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .access import Access, Caller
-from .schemas import APIError
+from .api_errors import APIError
 
 
 class Gate:

@@ -36,8 +36,8 @@ from .config import ServerConfig
 from .gate import Gate, caller_of, tenant_of
 from .prom import RequestMetrics, ServerMetrics
 from .responses import Usage, chat_finish_reason, chunk_body, response_body, result_logprobs
-from .schemas import (APIError, ChatCompletionRequest, CompletionRequest, _GenerationRequest, api_error, printable,
-                      quoted, validation_error)
+from .api_errors import APIError, api_error, printable, quoted, validation_error
+from .schemas import ChatCompletionRequest, CompletionRequest, _GenerationRequest
 from .text_calls import CallSpec, TextCallStream
 
 

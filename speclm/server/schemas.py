@@ -7,7 +7,7 @@ rejected (`unsupported()`) rather than silently dropped. response_format
 is structured.py's; tools, tool_choice and tool calls in messages are tools.py's. Every error body has OpenAI's
 shape: {"error": {"message", "type", "param", "code"}}, and an error about a
 field names it as the client sent it (max_completion_tokens, not max_tokens).
-Every 429 carries Retry-After (RETRY_AFTER_S).
+Errors and their bodies are api_errors.py's.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model
-from starlette.requests import ClientDisconnect
 
 from ..api import SpecConfig
-from ..constraints import Grammar, model_label
-from ..errors import BackendError, BusyError, InvalidRequestError, SpeclmError
+from ..constraints import Grammar
+from ..errors import InvalidRequestError
 from ..options import options_of
 from ..sampling import MAX_LOGPROBS, SamplingParams
 from ..speculative.config import spec_options
 from ..speculative.methods import get_method
+from .api_errors import ParamError, unicode_text
+from .call_reading import LITERAL, Tags, token_tags
 from .generic_tools import generic_messages
 from .structured import ResponseFormat
 from .text_calls import CallSpec
@@ -44,22 +44,8 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 _UNSUPPORTED_IN_MESSAGES: dict[str, tuple[Any, ...]] = {"function_call": (None,)}
 _CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls")  # a 400 on /v1/completions
 
-# Retry-After of every 429 (and of the connection budget's 503), in seconds: the
-# engine frees a queue slot whenever any running request finishes, so the wait is
-# short; a longer value would leave the server idle while clients sleep, and
-# clients that retry (openai's) back off further on their own.
-RETRY_AFTER_S = 1
-
 # The most prompts one completions request may hold (each is a request of its own in the engine's queue).
 MAX_PROMPTS = 64
-
-
-class ParamError(InvalidRequestError):
-    """An InvalidRequestError that names the offending request field."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
 
 
 def _refuse_unsupported(extra: dict[str, Any] | None, table: dict[str, tuple[Any, ...]], where: str = "") -> None:
@@ -70,102 +56,6 @@ def _refuse_unsupported(extra: dict[str, Any] | None, table: dict[str, tuple[Any
         if not any(value is v or (type(value) is type(v) and value == v) for v in ok):
             shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "..."
             raise ParamError(f"{where}{name} is not supported by speclm (got {shown}): drop it", where + name)
-
-
-def printable(text: str) -> str:
-    """text that renders as UTF-8 whatever a client sent: lone surrogates become \\udXXX escapes."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def unicode_text(text: str, param: str, where: str | None = None) -> str:
-    """text, or a ParamError naming `param` when it is not Unicode text a model can read
-    (a lone surrogate, which JSON's \\ud800 escapes can carry, has no UTF-8 form)."""
-    if printable(text) != text:
-        at = next(i for i, c in enumerate(text) if 0xD800 <= ord(c) <= 0xDFFF)
-        raise ParamError(f"{where or param} must be valid Unicode text: it holds a lone surrogate "
-                         f"{text[at].encode('utf-8', 'backslashreplace').decode()} at character {at}", param)
-    return text
-
-
-def quoted(text: str, limit: int = 200) -> str:
-    """A client's string for an error message: repr-quoted (control characters and lone
-    surrogates escaped) and cut to `limit` characters."""
-    text = text if len(text) <= limit else text[:limit] + "..."
-    return printable(repr(text))
-
-
-# server paths a client-facing message must not show -> what it shows instead (hide_path)
-_HIDDEN: dict[str, str] = {}
-
-
-def hide_path(path: str, shown: str) -> None:
-    """Error messages show `shown` wherever they would name `path` (a served model file's
-    absolute path: the message names the file, never where it lies on the server)."""
-    if path and path != shown:
-        _HIDDEN[path] = shown
-
-
-def error_body(message: str, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    """OpenAI's error object (the message made safe to render, whatever it echoes, and
-    free of the server's model paths)."""
-    for path in sorted(_HIDDEN, key=len, reverse=True):
-        message = message.replace(path, _HIDDEN[path])
-    return {"error": {"message": printable(message), "type": type_,
-                      "param": None if param is None else printable(param), "code": code}}
-
-
-class APIError(Exception):
-    """An error answered with `status` and OpenAI's error body."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.body = status, error_body(message, type_, param, code)
-        self.headers = headers or {}  # the answer's own (429: Retry-After)
-
-    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.body, self.status, headers={**self.headers, **(headers or {})})
-
-    def __reduce__(self):  # picklable: it crosses processes in a Ray deployment
-        return _api_error_of, (self.status, self.body, self.headers)
-
-
-def _api_error_of(status: int, body: dict, headers: dict[str, str]) -> APIError:
-    err = APIError(status, body["error"]["message"], headers=headers)
-    err.body = body
-    return err
-
-
-def api_error(exc: BaseException) -> APIError:
-    """Map an exception raised while serving a request to its HTTP answer."""
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, ClientDisconnect):
-        return APIError(499, "the client closed the connection", code="client_closed_request")
-    if isinstance(exc, BusyError):  # the queue is full, or what the request needs now is all taken
-        return APIError(429, str(exc), "rate_limit_error", code="rate_limit_exceeded",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
-    if isinstance(exc, (InvalidRequestError, ValueError)):  # ValueError: a tokenizer refusing the text
-        return APIError(400, str(exc), param=getattr(exc, "param", None))
-    if isinstance(exc, TimeoutError):
-        return APIError(504, str(exc) or "timed out", "timeout_error", code="request_timeout")
-    if isinstance(exc, SpeclmError) and not isinstance(exc, BackendError):
-        return APIError(503, str(exc), "server_error", code="unavailable")
-    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
-
-
-def validation_error(errors: list[dict]) -> APIError:
-    """A 400 naming the first invalid field of a FastAPI RequestValidationError."""
-    err = errors[0] if errors else {}
-    if err.get("type") == "json_invalid":
-        return APIError(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', '')}")
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-    loc = [p for p in loc if "[" not in p and p not in ("str", "int", "float", "bool", "list")]  # union tags
-    param, msg = ".".join(loc) or None, err.get("msg", "invalid request")
-    if param is None:  # the body as a whole: empty, not an object, or not sent as JSON
-        return APIError(400, f"the request body must be a JSON object (Content-Type: application/json): {msg}")
-    return APIError(400, f"{param}: {msg}", param=loc[0])
 
 
 def _speculative_options() -> type[BaseModel]:
@@ -296,9 +186,14 @@ class _RequestBase(BaseModel):
         values = {name: value for name, value in values.items() if value is not None}
         try:
             return SamplingParams(**{**values, **self.logprob_fields(), "logit_bias": self.logit_bias,
-                                     "grammar": self.grammar(), "max_new_tokens": max_tokens})
+                                     "grammar": self.grammar(), "max_new_tokens": max_tokens,
+                                     "shown_as": self.shown_as()})
         except InvalidRequestError as exc:
             raise self.naming(exc) from None
+
+    def shown_as(self) -> tuple[tuple[int, str], ...]:
+        """Tokens the answer's text shows as other text (SamplingParams.shown_as)."""
+        return ()
 
     def naming(self, exc: InvalidRequestError) -> ParamError:
         """exc as a ParamError naming the request field its message starts with (the
@@ -431,11 +326,20 @@ class ChatCompletionRequest(_GenerationRequest):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     _generic: bool = PrivateAttr(False)  # tools in the generic format (generic_tools.py): see bind
+    _tags: Tags = PrivateAttr(LITERAL)  # how calls' tags appear in the answer's text (call_reading.py)
+    _tag_tokens: tuple[tuple[int, str], ...] = PrivateAttr(())
 
     def bind(self, llm: LLM) -> None:
         """Read the target's chat template: without a tool-call format of its own, calls
-        use the generic one (generic_tools.py)."""
+        use the generic one (generic_tools.py); with one whose tags are tokens of the
+        vocabulary, calls are read by those tokens (call_reading.py)."""
         self._generic = not tools_supported(llm.target.chat_template() or "")
+        if not self._generic:
+            self._tags, self._tag_tokens = token_tags(
+                lambda text: llm.target.tokenize(text, add_special=False, special=True))
+
+    def shown_as(self) -> tuple[tuple[int, str], ...]:
+        return self._tag_tokens if self.calls_tools() else ()
 
     @property
     def grammar_param(self) -> str:
@@ -451,7 +355,7 @@ class ChatCompletionRequest(_GenerationRequest):
         if not self.calls_tools():
             return None
         return CallSpec({t.function.name: t.function.parameters for t in self.tools or []},
-                        text_form=self.tool_choice in (None, "auto"))
+                        text_form=self.tool_choice in (None, "auto"), tags=self._tags)
 
     def grammar(self) -> Grammar | None:
         """response_format's grammar, or with tools the call format's (tools.call_grammar)."""

@@ -83,5 +83,5 @@ def compiled(grammar: Grammar, backend, param: str) -> np.ndarray:
 
 def _bad(message: str, param: str = "response_format") -> InvalidRequestError:
     err = InvalidRequestError(message)
-    err.param = param  # schemas.api_error answers it as a 400 naming the field
+    err.param = param  # api_errors.api_error answers it as a 400 naming the field
     return err

@@ -30,7 +30,8 @@ from typing import Any
 
 import jsonschema
 
-from .tools import CallStream, ParsedCall, _call_id, parse_calls
+from ..grammar_bounds import json_value_end
+from .call_reading import LITERAL, CallStream, ParsedCall, Tags, call_id, parse_calls
 
 FENCE = "```"
 _LANGS = ("", "json")  # fence languages a block may name (case-insensitive)
@@ -44,6 +45,7 @@ class CallSpec:
 
     schemas: dict[str, dict[str, Any] | None]
     text_form: bool = False
+    tags: Tags = LITERAL  # how the call format's tags appear in the answer's text (call_reading.py)
 
     @property
     def names(self) -> set[str]:
@@ -66,24 +68,6 @@ def _skip(text: str, at: int) -> int:
     while at < len(text) and text[at] in _WS:
         at += 1
     return at
-
-
-def _value_end(text: str, at: int) -> int | None:
-    """The index after the JSON object or array at text[at], None while unclosed."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(at, len(text)):
-        c = text[i]
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
 
 
 def _head(text: str, at: int, names: set[str]) -> Fit:
@@ -117,7 +101,7 @@ def _value(text: str, at: int, names: set[str]) -> tuple[Fit, int]:
     head = _head(text, head_at, names)
     if head is Fit.NO:
         return Fit.NO, at
-    end = _value_end(text, at)
+    end = json_value_end(text, at)
     if end is None:
         return Fit.PREFIX, at
     return (Fit.FULL, end) if head is Fit.FULL else (Fit.NO, at)
@@ -219,7 +203,7 @@ def _call_of(item: Any, spec: CallSpec) -> ParsedCall | None:
             jsonschema.validate(arguments, schema)
         except (jsonschema.ValidationError, jsonschema.SchemaError):
             return None
-    return ParsedCall(name, json.dumps(arguments, ensure_ascii=False), _call_id())
+    return ParsedCall(name, json.dumps(arguments, ensure_ascii=False), call_id())
 
 
 def _find(text: str, spec: CallSpec) -> tuple[int, list[ParsedCall]] | None:
@@ -248,10 +232,10 @@ def parse_text_calls(text: str, spec: CallSpec) -> tuple[str | None, list[Parsed
 def read_calls(text: str, spec: CallSpec) -> tuple[str | None, list[ParsedCall]]:
     """(content, calls) of a whole answer: the call format's calls (tools.parse_calls),
     else, where spec.text_form, calls written as JSON text."""
-    content, calls = parse_calls(text, spec.names)
+    content, calls = parse_calls(text, spec.names, spec.tags)
     if calls or not spec.text_form:
         return content, calls
-    return parse_text_calls(text, spec)
+    return parse_text_calls(spec.tags.shown(text), spec)
 
 
 class TextCallStream:
@@ -260,16 +244,16 @@ class TextCallStream:
     text is held back, and sent at the end as calls (their deltas whole) or as content."""
 
     def __init__(self, spec: CallSpec):
-        self.spec, self.tags = spec, CallStream(spec.names)
+        self.spec, self.tagged = spec, CallStream(spec.names, spec.tags)
         self.text, self.sent = "", 0  # the content the call format let through; how much of it went out
 
     def feed(self, delta: str) -> tuple[str, list[dict]]:
         """(content that can be sent now, tool_calls deltas)."""
-        content, deltas = self.tags.feed(delta)
+        content, deltas = self.tagged.feed(delta)
         if not self.spec.text_form:
             return content, deltas
         self.text += content
-        cut = len(self.text) if self.tags.start is not None else self._held()
+        cut = len(self.text) if self.tagged.start is not None else self._held()
         out, self.sent = self.text[self.sent:cut], max(cut, self.sent)
         return out, deltas
 
@@ -282,11 +266,11 @@ class TextCallStream:
 
     def finish(self) -> tuple[str, list[dict], list[ParsedCall]]:
         """(content not yet sent, the last tool_calls deltas, the calls)."""
-        rest, deltas, calls = self.tags.finish()
+        rest, deltas, calls = self.tagged.finish()
         if not self.spec.text_form:
             return rest, deltas, calls
         whole = self.text + rest
-        if self.tags.start is None:
+        if self.tagged.start is None:
             found = _find(whole, self.spec)
             if found is not None:
                 start, calls = found

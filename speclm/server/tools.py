@@ -16,15 +16,12 @@ What the grammar (a Lark grammar, llguidance's dialect) allows:
 Every call's arguments follow its function's parameters (`$defs` hoisted); the region
 ends after a call and at most two newlines. Forced runs ({"name": ", the function's name
 when only one is left, "arguments": ...) are drafted for free (docs/design.md#structured-outputs).
-Calls are read back as JSON objects (parse_calls), streamed as they are written (CallStream).
+Calls are read back by call_reading.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -90,7 +87,7 @@ class ToolCall(BaseModel):
 
 def bad(message: str, param: str) -> InvalidRequestError:
     err = InvalidRequestError(message)
-    err.param = param  # schemas.api_error answers it as a 400 naming the field
+    err.param = param  # api_errors.api_error answers it as a 400 naming the field
     return err
 
 
@@ -194,164 +191,3 @@ def _answer_rule(answer: Grammar | None) -> str:
                   'is "none": use a json_schema, or send the tools in another request', "response_format")
     schema = {**json.loads(answer.text), "x-guidance": JSON_LAYOUT}
     return f"answer: %json {json.dumps(schema)}\n"
-
-
-@dataclass
-class ParsedCall:
-    name: str
-    arguments: str  # the arguments object's JSON text as the model wrote it
-    id: str
-
-    def as_dict(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
-_TAIL = re.compile(r"\s*\}\s*")
-_SPACE = re.compile(r"\s*")
-
-
-@dataclass
-class _Scan:
-    """What the text from the first CALL_OPEN on holds so far: the calls begun, each
-    (name, arguments text so far, closed), and whether the text is calls and nothing else."""
-
-    calls: list[tuple[str, str, bool]]
-    complete: bool = False  # every call begun was closed by CALL_CLOSE, only whitespace after
-
-
-def _object_end(text: str, at: int) -> int | None:
-    """The index after the JSON object starting at text[at] ('{'), None while unclosed."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(at, len(text)):
-        c = text[i]
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
-
-
-def _scan(text: str, at: int) -> _Scan:
-    """Scan the calls written from text[at] (a CALL_OPEN) on: each is CALL_OPEN, the object
-    {"name": NAME, "arguments": {...}} and CALL_CLOSE, whitespace between and after."""
-    out = _Scan([])
-    while True:
-        at = _SPACE.match(text, at).end()
-        if at == len(text) or CALL_OPEN.startswith(text[at:]) and not text.startswith(CALL_OPEN, at):
-            out.complete = at == len(text) and bool(out.calls)
-            return out
-        if not text.startswith(CALL_OPEN, at):
-            return out
-        head = _HEAD.match(text, at + len(CALL_OPEN))
-        if head is None or not text.startswith("{", head.end()):
-            return out  # not yet (streamed), or not a call
-        try:
-            name = json.loads(f'"{head.group(1)}"')
-        except json.JSONDecodeError:
-            return out
-        end = _object_end(text, head.end())
-        out.calls.append((name, text[head.end():end or len(text)], end is not None))
-        tail = _TAIL.match(text, end) if end is not None else None
-        if tail is None or not text.startswith(CALL_CLOSE, tail.end()):
-            return out
-        at = tail.end() + len(CALL_CLOSE)
-
-
-def parse_calls(text: str, names: set[str]) -> tuple[str | None, list[ParsedCall]]:
-    """(content, calls) of an answer: the text before the first CALL_OPEN is content; each
-    CALL_OPEN {"name": a declared function, "arguments": an object} CALL_CLOSE after it is a
-    call (an argument may hold the text of CALL_CLOSE: objects are read as JSON, not
-    searched). An answer whose calls do not all parse stays content, whole."""
-    start = text.find(CALL_OPEN)
-    if start < 0:
-        return text, []
-    scan = _scan(text, start)
-    if not scan.complete or not _named(scan, names):
-        return text, []
-    content = text[:start]
-    return (content if content.strip() else None), [ParsedCall(n, a, _call_id()) for n, a, _ in scan.calls]
-
-
-def _named(scan: _Scan, names: set[str]) -> bool:
-    """Every call names a declared function and its arguments are a JSON object."""
-    for name, arguments, _ in scan.calls:
-        try:
-            ok = name in names and isinstance(json.loads(arguments), dict)
-        except json.JSONDecodeError:
-            ok = False
-        if not ok:
-            return False
-    return True
-
-
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-class CallStream:
-    """Splits a streamed answer: text before CALL_OPEN streams as content; from CALL_OPEN
-    on, each call streams as OpenAI's tool_calls deltas as the model writes it: first its
-    index, id and name (once the name is whole), then its arguments text piece by piece.
-    Text that stops being calls before any call was sent goes out as content at the end."""
-
-    def __init__(self, names: set[str]):
-        self.names, self.text, self.sent = names, "", 0
-        self.start: int | None = None  # where the first CALL_OPEN sits
-        self.ids: list[str] = []  # the calls whose head was sent
-        self.args_sent: list[int] = []  # how much of each call's arguments was sent
-
-    def feed(self, delta: str) -> tuple[str, list[dict]]:
-        """(content that can be sent now, tool_calls deltas); a possible start of CALL_OPEN
-        is held back."""
-        self.text += delta
-        if self.start is None:
-            cut = self.text.find(CALL_OPEN)
-            if cut >= 0:
-                self.start = cut
-            else:
-                cut = len(self.text)
-                for k in range(len(CALL_OPEN) - 1, 0, -1):  # the text may end with a prefix of the tag
-                    if self.text.endswith(CALL_OPEN[:k]):
-                        cut -= k
-                        break
-            out, self.sent = self.text[self.sent:max(cut, self.sent)], max(cut, self.sent)
-            return out, self._deltas() if self.start is not None else []
-        return "", self._deltas()
-
-    def _deltas(self) -> list[dict]:
-        scan = _scan(self.text, self.start)
-        out = []
-        for i, (name, arguments, _) in enumerate(scan.calls):
-            if name not in self.names:
-                break
-            if i == len(self.ids):
-                self.ids.append(_call_id())
-                self.args_sent.append(0)
-                out.append({"index": i, "id": self.ids[i], "type": "function",
-                            "function": {"name": name, "arguments": ""}})
-            if len(arguments) > self.args_sent[i]:
-                out.append({"index": i, "function": {"arguments": arguments[self.args_sent[i]:]}})
-                self.args_sent[i] = len(arguments)
-        return out
-
-    def finish(self) -> tuple[str, list[dict], list[ParsedCall]]:
-        """(content not yet sent, the last tool_calls deltas, the calls): text that never
-        became a call is content."""
-        if self.start is None:
-            out, self.sent = self.text[self.sent:], len(self.text)
-            return out, [], []
-        deltas = self._deltas()
-        content, calls = parse_calls(self.text, self.names)
-        if calls:
-            return "", deltas, [ParsedCall(c.name, c.arguments, i) for c, i in zip(calls, self.ids)]
-        if self.ids:  # calls were sent and the answer broke off (max_tokens): what was sent stands
-            return "", deltas, []
-        out, self.sent = self.text[self.sent:], len(self.text)
-        return out, [], []

@@ -10,7 +10,7 @@ import json
 
 import jsonschema
 
-from ...server.tools import parse_calls
+from ...server.call_reading import parse_calls
 
 
 def answer_valid(prompt, text: str) -> bool:
