@@ -1,0 +1,115 @@
+"""Clients no one here wrote, run against a live server as their users run them
+(docs/server.md#clients-checked): lm-evaluation-harness 0.4.13's `local-completions`
+scoring a multiple-choice task with token-id prompts (its default) and with strings, and a
+pydantic-ai agent with two tools. instructor is not here: it pins `openai` < 3 and speclm's
+tests run `openai` 3; its requests are replayed in tests/test_instructor_requests.py.
+
+The lm-eval run is checked against an independent computation: llama-cpp-python itself,
+one forward over each (context, continuation) pair's tokens with every row's logits
+(scripts/clients_lmeval.py's Reference and compare): its accuracy and normalised accuracy
+must equal lm-eval's through speclm, and every prompt lm-eval sent must be the pair's
+tokens (or text) exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from speclm.models.catalog import resolve_model
+from speclm.server import ServerConfig, create_app
+
+from .test_server import live
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+ITEMS = 16  # of the task's 48 (four choices each: 64 scored pairs a mode)
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def served(qwen_small):
+    app = create_app(qwen_small, ServerConfig(model_id="qwen", max_concurrency=2))
+    with live(app) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> str:
+    """A Hugging Face tokenizer written from the GGUF's own vocabulary (lm-eval tokenizes with one)."""
+    out = tmp_path_factory.mktemp("tokenizer")
+    script("gguf_tokenizer").main(str(resolve_model("qwen2.5-coder-0.5b")), str(out))
+    return str(out)
+
+
+@pytest.mark.parametrize("tokenized", [True, False], ids=["token-ids", "strings"])
+def test_lm_eval_scores_equal_llama_cpp_python_computing_them_directly(served, tokenizer_dir, tokenized,
+                                                                         monkeypatch, capsys):
+    pytest.importorskip("lm_eval")
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    clients = script("clients_lmeval")
+    monkeypatch.chdir(clients.TASK_DIR)  # the task names its data file relative to where lm-eval runs
+    sent: list[dict] = []
+    proxy = clients.start_proxy(served, sent)
+    out = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args=(f"model=qwen,base_url={proxy}/v1/completions,tokenizer_backend=huggingface,"
+                    f"tokenizer={tokenizer_dir},tokenized_requests={tokenized}"),
+        tasks=["speclm_mc"], task_manager=TaskManager(include_path=str(clients.TASK_DIR)), limit=ITEMS,
+        log_samples=True)
+    run = {"scores": out["results"]["speclm_mc"], "samples": out["samples"]["speclm_mc"]}
+    assert len(run["samples"]) == ITEMS and sent
+    if tokenized:
+        assert all(isinstance(body["prompt"], list) and isinstance(body["prompt"][0], list) for body in sent)
+    ref = clients.Reference(str(resolve_model("qwen2.5-coder-0.5b")), flash_attn=True)
+    try:
+        assert clients.compare(f"tokenized_requests={tokenized}", run, sent, ref, tokenized)
+    finally:
+        ref.llm.close()
+    printed = capsys.readouterr().out
+    with capsys.disabled():  # the scores and the largest log-likelihood difference, for the record
+        print("\n" + printed)
+    pairs = 4 * ITEMS
+    assert f"rebuilt exactly as sent: {pairs}/{pairs}" in printed, printed
+
+
+def test_a_pydantic_ai_agent_calls_its_tools_and_answers(served):
+    """Two tools, tool_choice "auto" (pydantic-ai's default): the agent's run calls a tool,
+    gets its result back through the template's tool turn, and ends with text."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel("qwen", provider=OpenAIProvider(base_url=served + "/v1", api_key="unused"))
+    agent = Agent(model, system_prompt="Use the tools when they help, then answer in one sentence.",
+                  model_settings={"temperature": 0, "max_tokens": 200})
+    called: list[tuple[str, dict]] = []
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        called.append(("get_weather", {"city": city}))
+        return f"{city}: 18 °C, light rain"
+
+    @agent.tool_plain
+    def convert_currency(amount: float, source: str, target: str) -> str:
+        """Convert an amount of money between currencies given as ISO codes (USD, EUR, JPY)."""
+        called.append(("convert_currency", {"amount": amount, "source": source, "target": target}))
+        return f"{amount} {source} = {amount * 0.9:.2f} {target}"
+
+    result = asyncio.run(agent.run("What is the weather in Paris right now? Use the get_weather tool."))
+    assert called and called[0][0] == "get_weather" and "paris" in called[0][1]["city"].lower(), called
+    assert isinstance(result.output, str) and result.output.strip()
+    kinds = [part.part_kind for message in result.all_messages() for part in message.parts]
+    assert "tool-call" in kinds and "tool-return" in kinds and kinds[-1] == "text", kinds
