@@ -79,17 +79,33 @@ def test_a_folded_round_teaches_no_verify_cost_and_counts_as_prefill():
     assert s.prefill_ms >= out.rounds[0].verify_ms
 
 
-@pytest.mark.parametrize("case", ["prompt_logprobs", "hidden"])
-def test_no_fold_where_the_prompt_rows_or_hidden_states_are_wanted(case):
-    """Prompt logprobs need every prompt row's logits; with hidden states on, llama.cpp
-    would run the output head over every prompt row."""
+def test_no_fold_where_hidden_states_are_wanted():
+    """With hidden states on, llama.cpp would run the output head over every prompt row."""
     target = ForwardCounter(6, seed=3)
-    params = SamplingParams(max_new_tokens=3, prompt_logprobs=1 if case == "prompt_logprobs" else None)
-    if case == "hidden":
-        target.enable_hidden()
-    out = steps.generate(target, None, [0, 1, 2, 3], params, 0)
+    target.enable_hidden()
+    out = steps.generate(target, None, [0, 1, 2, 3], SamplingParams(max_new_tokens=3), 0)
     assert all(r.prompt_rows == 0 for r in out.rounds)
     assert target.forwards == 1 + 3
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_a_scored_prompt_folds_with_no_drafts_beside_it(k):
+    """Prompt logprobs with tokens to generate: the prompt and the first token are one
+    forward of the prompt's rows alone (lm-eval's max_tokens 1 is one forward, as its
+    reference computes it), drafting starts at the second round; nothing generated
+    (max_new_tokens 0): the prompt alone, no round."""
+    from speclm.speculative.proposers.ngram import NgramProposer
+    prompt = [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
+    target = ForwardCounter(6, seed=3)
+    params = SamplingParams(max_new_tokens=6, prompt_logprobs=2)
+    out = steps.generate(target, NgramProposer(1, 3), prompt, params, k)
+    assert out.rounds[0].prompt_rows == len(prompt) - 1 and out.rounds[0].proposed == 0
+    plain = steps.generate(ForwardCounter(6, seed=3), None, prompt, params, 0)
+    assert out.token_ids == plain.token_ids and out.prompt_logprobs == plain.prompt_logprobs
+    assert len(out.prompt_logprobs) == len(prompt)
+    only = ForwardCounter(6, seed=3)
+    scored = steps.generate(only, None, prompt, SamplingParams(max_new_tokens=0, prompt_logprobs=2), 0)
+    assert only.forwards == 1 and not scored.rounds and scored.prompt_logprobs == plain.prompt_logprobs
 
 
 def test_a_long_prompt_arriving_beside_a_decoding_request_folds_only_its_last_chunk():

@@ -72,10 +72,14 @@ class EngineReplica:
         yield "accepted", self.name
         if getattr(handle, "echo", None) is not None:  # echo: true: the prompt's text (app.ServerState.submit)
             yield "echo", handle.echo
+        # the ingress reads calls from the text (it has no vocabulary): the tag tokens are spelled as text here
+        calls = req.call_spec()
+        spelled = calls.tags.shown if calls is not None else str
         try:
             async for text in handle.astream():
-                yield "text", text
-            yield "done", await handle.aresult()
+                yield "text", spelled(text)
+            result = await handle.aresult()
+            yield "done", dataclasses.replace(result, text=spelled(result.text))
         except Exception as exc:  # noqa: BLE001 - becomes the client's error event
             yield "error", api_error(exc)
         finally:

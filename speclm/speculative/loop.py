@@ -55,16 +55,24 @@ def score(target: Backend, blocks: Sequence[tuple[Generation, list[int], Round |
     round's [lead.., pending, d1..dK], or (request, prompt chunk, None) for a prefill
     chunk. Per round, the processed target distributions p_1..p_{K+1}
     (`Generation.distributions`: row i processed with its own prefix; that processed p
-    IS the target distribution; a lead's rows and the rows the grammar leaves one token
-    (`Round.certain`) are not computed); per chunk, its rows'
+    IS the target distribution; a lead's rows, unless the request scores its prompt
+    (`Round.lead_rows` then), and the rows the grammar leaves one token (`Round.certain`)
+    are not computed); per chunk, its rows'
     raw logits when the request scores its prompt, else None (its last row is computed,
     unread)."""
-    wants = [len(tokens) - len(rnd.lead) if rnd is not None else
-             None if gen.params.prompt_logprobs is not None else 1 for gen, tokens, rnd in blocks]
+    wants = [(len(tokens) - (0 if gen.scores_prompt else len(rnd.lead))) if rnd is not None else
+             None if gen.scores_prompt else 1 for gen, tokens, rnd in blocks]
     skips = [rnd.certain if rnd is not None else () for _, _, rnd in blocks]  # one-hot whatever the logits
     logits = target.score_batch([(gen.seq, tokens) for gen, tokens, _ in blocks], wants, skips)
-    return [gen.distributions(rows, rnd.draft.tokens) if rnd is not None else (rows if want is None else None)
-            for rows, want, (gen, tokens, rnd) in zip(logits, wants, blocks)]
+    out = []
+    for rows, want, (gen, tokens, rnd) in zip(logits, wants, blocks):
+        if rnd is None:
+            out.append(rows if want is None else None)
+            continue
+        if gen.scores_prompt and rnd.lead:  # the prompt's rows go to its logprobs (Generation.complete)
+            rnd.lead_rows, rows = rows[:len(rnd.lead)], rows[len(rnd.lead):]
+        out.append(gen.distributions(rows, rnd.draft.tokens))
+    return out
 
 
 # ---- 3. accept -----------------------------------------------------------
@@ -153,6 +161,7 @@ class Round:
     room: int = 0
     lead: tuple[int, ...] = ()  # the prompt's last chunk, prefilled by this round's forward (first round only)
     certain: tuple[int, ...] = ()  # rows (after the lead) where the grammar allows one token: logits not needed
+    lead_rows: np.ndarray | None = None  # the lead's raw logits, scored where the request scores its prompt
 
 
 class Generation:
@@ -257,12 +266,19 @@ class Generation:
             self.prefill_ms = clock_ms() - self.t_begin
 
     @property
+    def scores_prompt(self) -> bool:
+        """Does the request want its prompt's rows (prompt logprobs: echo)?"""
+        return self.prompt_logprobs is not None
+
+    @property
     def folds_prompt(self) -> bool:
         """May the prompt's last chunk ride in front of the first round's block
-        (`plan(lead)`)? Not where the prompt's rows are scored (prompt logprobs, the one
-        case of max_new_tokens 0) or the target keeps hidden states (llama.cpp would run
-        the output head over every row)."""
-        return self.prompt_logprobs is None and not self.target.keeps_hidden
+        (`plan(lead)`)? Not where nothing is generated (max_new_tokens 0: the prompt is
+        only scored, no round follows) or the target keeps hidden states (llama.cpp would
+        run the output head over every row). A scored prompt folds too, so that a prompt
+        scored with one token generated (lm-eval's `max_tokens: 1`) is one forward of its
+        tokens, as a client computing it directly does."""
+        return self.stops.remaining > 0 and not self.target.keeps_hidden
 
     @property
     def noise_position(self) -> int:
@@ -284,6 +300,8 @@ class Generation:
             self._done()
             return None
         k_max = max(0, min(self.k, self.stops.remaining - 1, room - 1))
+        if lead and self.scores_prompt:  # the prompt's rows with no drafts beside them, as plain decoding's
+            k_max = 0
         self.controller.learn(self.context)
         k_r, note = self.controller.choose(k_max)
         t0 = clock_ms()
@@ -364,7 +382,7 @@ class Generation:
         the whole forward when other requests shared it (verify_ms is its time)."""
         d, note, info, draft_ms = rnd.draft, rnd.note, rnd.info, rnd.draft_ms
         if rnd.lead:
-            self.prefilled(len(rnd.lead))
+            self.prefilled(len(rnd.lead), rnd.lead_rows)
         t2 = clock_ms()
         at = self.noise_position
         empty = next((i for i, row in enumerate(p) if row is None), None)
