@@ -29,21 +29,37 @@ BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q8_0": 34, "iq4_nl": 18}
 pytestmark = pytest.mark.skipif(native.library_path() is None, reason="speclm's kernels were not built here")
 
 
-def q8_0(x: np.ndarray) -> np.ndarray:
-    """The activations as the kernels quantise them (quant_gemm.h, Activations32), dequantised: per 32
-    values, in float32, d = amax / 127, id = 1 / d, q = clip(round_half_even(x * id), -127, 127); d stays
-    a float32 (ggml would round it to f16). Returned in float64: q * d exactly."""
+def quantise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The activations as the kernels (and ggml's x86 quantize_row_q8_0 / q8_1) quantise them, per 32
+    values in float32: amax, d = amax / 127, id = 127 / amax, q = clip(round_half_even(x * id), -127, 127);
+    d is kept rounded to f16, and Q8_1's s = f16(d * Σq) (d before that rounding). Returns q (rows,
+    blocks, 32), d and s (rows, blocks), in float64."""
     blocks = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)).astype(np.float32)
+    amax = np.abs(blocks).max(axis=2)
+    d = (amax / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
-    q = np.clip(np.rint((blocks * inv).astype(np.float32)), -127, 127)
-    return (q.astype(np.float64) * d.astype(np.float64)).reshape(x.shape)
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint((blocks * inv[..., None]).astype(np.float32)), -127, 127)
+    s = (d * q.sum(axis=2).astype(np.float32)).astype(np.float16)
+    return q.astype(np.float64), d.astype(np.float16).astype(np.float64), s.astype(np.float64)
+
+
+def q8_0(x: np.ndarray) -> np.ndarray:
+    """The quantised activations, dequantised (q * d, exact in float64)."""
+    q, d, _ = quantise(x)
+    return (q * d[..., None]).reshape(x.shape)
 
 
 def reference(weight_type: str, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """W . x in float64 over the dequantised weights and activations; Q4_1's min multiplies Q8_1's s
+    (d * Σq rounded to f16, as ggml's vec_dot does) rather than the exact d * Σq."""
     w = dequantize(raw, TYPES[weight_type]).reshape(raw.shape[0], -1).astype(np.float64)
-    return q8_0(x) @ w.T
+    out = q8_0(x) @ w.T
+    if weight_type == "q4_1":
+        q, d, s = quantise(x)
+        m = raw.reshape(raw.shape[0], -1, 20)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+        out += (s - d * q.sum(axis=2)) @ m.T  # rows x blocks times blocks x weight rows
+    return out
 
 
 def random_blocks(weight_type: str, rows: int, k: int, rng) -> np.ndarray:
@@ -74,10 +90,10 @@ def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
 def test_every_row_count_matches_the_reference(weight_type, isa):
     rng = np.random.default_rng(1)
     raw = random_blocks(weight_type, 21, 256, rng)  # 21 weight rows: a full tile and a partial one
-    want_w = dequantize(raw, TYPES[weight_type]).reshape(21, -1).astype(np.float64)
     for ny in list(range(1, 65)) + [65, 130]:
         x = rng.standard_normal((ny, 256)).astype(np.float32)
-        assert_close(native.gemm(weight_type, raw, 256, x, isa), q8_0(x) @ want_w.T, f"{weight_type} {isa} {ny} rows")
+        assert_close(native.gemm(weight_type, raw, 256, x, isa), reference(weight_type, raw, x),
+                     f"{weight_type} {isa} {ny} rows")
 
 
 @pytest.mark.parametrize("weight_type", TYPES)

@@ -159,7 +159,7 @@ bool run(compute_params *p, tensor *op, speclm::WeightType type) {
 class Traits : public tensor_traits {  // weights in ggml's layout: declined matmuls go on to vec_dot
   public:
     // Q4_K/Q6_K: ggml reserves ny * K/256 * 292 bytes for Q8_K activations, exactly what these use (false:
-    // ggml's own estimate stands). The 32-value formats' activations take 38 bytes per 32 values where ggml
+    // ggml's own estimate stands). The 32-value formats' activations take 42 bytes per 32 values where ggml
     // reserves 34 (Q8_0) or 36 (Q8_1): ask for the larger of theirs and ggml's own estimate, which this
     // answer replaces for the node (ggml_graph_plan asks the extra buffer types first) and which a matmul
     // these kernels decline still needs.

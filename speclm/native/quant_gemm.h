@@ -56,23 +56,24 @@ void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int
 // definition, in scalar code (the registration's check of ggml's repacking, and the tests').
 void x8_row_block(const uint8_t *x8, int lane, uint8_t out[144]);
 
-// The activations of `ny` rows for the 32-value formats, quantised per 32 values as ggml's
-// quantize_row_q8_0_ref does (d = amax / 127, q = round(x / d), round half to even) except that d
-// stays a float (ggml rounds it to f16), block-major: qs[b][j][32] int8, then d[b][j] float, then
-// sums[b][j] int16 (the block's sum of q: the offset of Q4_0/Q5_0 and of the unsigned forms, Q4_1's
-// min). ny * K/32 * 38 bytes: more than ggml reserves for Q8_0 (34) or Q8_1 (36) activations, so
-// the buffer type asks for it (Traits::work_size).
+// The activations of `ny` rows for the 32-value formats, quantised per 32 values exactly as ggml's
+// x86 quantize_row_q8_0 / q8_1 do (the inputs of ggml's own vec_dot): d = amax / 127 rounded to f16,
+// q = x * (127 / amax) rounded half to even, and Q8_1's s = d * Σq (d before its rounding) rounded to
+// f16. Block-major: qs[b][j][32] int8, then d[b][j] float (the f16 value), then s[b][j] float (the f16
+// value: Q4_1's min multiplies it), then sums[b][j] int16 (Σq: the offset of Q4_0/Q5_0 and of the
+// unsigned forms). ny * K/32 * 42 bytes: more than ggml reserves for Q8_0 (34) or Q8_1 (36)
+// activations, so the buffer type asks for it (Traits::work_size).
 struct Activations32 {
     int ny = 0, nb = 0;
     int8_t *qs = nullptr;
-    float *d = nullptr;
+    float *d = nullptr, *s = nullptr;
     int16_t *sums = nullptr;
 
-    static size_t bytes(int ny, int64_t k) { return (size_t)ny * (size_t)(k / QK32) * (QK32 + 4 + 2); }
+    static size_t bytes(int ny, int64_t k) { return (size_t)ny * (size_t)(k / QK32) * (QK32 + 4 + 4 + 2); }
     static Activations32 in(void *mem, int ny, int64_t k);  // any alignment
 };
 
-// Quantise rows [j0, j1) of x (row j at x + j * x_stride floats) into `act`.
+// Quantise rows [j0, j1) of x (row j at x + j * x_stride floats) into `act` (needs F16C: best_isa() != NONE).
 void quantize_rows32(const float *x, size_t x_stride, int j0, int j1, Activations32 &act);
 
 // gemm for the 32-value formats (is_q32(type)): dst[j * dst_stride + r] = W[r] . x[j], r in [r0, r1).

@@ -10,7 +10,8 @@
 // unpacked and transposed once per block for all activation rows of the forward.
 //
 // Offsets: weights are multiplied as unsigned bytes where possible and the offset is taken off with
-// the activation block's sum of q (Σq): Q4_0 Σ(n·q) − 8Σq, Q5_0 Σ(n·q) − 16Σq, Q4_1 d·Σ(n·q) + m·Σq;
+// the activation block's sum of q (Σq): Q4_0 Σ(n·q) − 8Σq, Q5_0 Σ(n·q) − 16Σq; Q4_1 d·d_x·Σ(n·q) + m·s
+// with s ≈ d_x·Σq as ggml's Q8_1 keeps it;
 // on AVX-512 VNNI (vpdpbusd: u8 × s8 summed in int32, no saturation) also Q8_0 and IQ4_NL, shifted
 // by +128: Σ((w+128)·q) − 128Σq. AVX2's vpmaddubsw sums pairs in int16 with saturation, so there
 // Q8_0 and IQ4_NL stay signed and use the sign trick (|w| × sign(q, w); a pair is at most
@@ -198,7 +199,7 @@ __attribute__((target(SPECLM_AVX2))) void gemm32_avx2(const uint8_t *w, size_t r
                 if (T::OFF) s32 = _mm256_sub_epi32(s32, _mm256_set1_epi32(T::OFF * sum));
                 const float dy = act.d[at + j];
                 acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(d, _mm256_set1_ps(dy)), acc[j]);
-                if (T::MIN) acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(dy * (float)sum), acc[j]);
+                if (T::MIN) acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[at + j]), acc[j]);
             }
         }
         for (int j = 0; j < n; ++j) {
@@ -269,7 +270,7 @@ __attribute__((target(SPECLM_AVX512))) void gemm32_avx512(const uint8_t *w, size
                 if (T::OFF512) s = _mm512_sub_epi32(s, _mm512_set1_epi32(T::OFF512 * sum));
                 const float dy = act.d[at + j];
                 acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(dy)), acc[j]);
-                if (T::MIN) acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(dy * (float)sum), acc[j]);
+                if (T::MIN) acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[at + j]), acc[j]);
             }
         }
         for (int j = 0; j < n; ++j) {
@@ -288,14 +289,18 @@ Activations32 Activations32::in(void *mem, int ny, int64_t k) {
     size_t blocks = (size_t)ny * a.nb;
     a.qs = (int8_t *)mem;
     a.d = (float *)(a.qs + blocks * QK32);
-    a.sums = (int16_t *)(a.d + blocks);
+    a.s = a.d + blocks;
+    a.sums = (int16_t *)(a.s + blocks);
     return a;
 }
 
-// ggml's quantize_row_q8_0_ref in float32 (d = amax / 127, id = 1 / d, q = x * id rounded), except that
-// the rounding is half to even (nearbyint; ggml's reference uses roundf, its AVX2 code rounds to even)
-// and d is kept as a float rather than rounded to f16.
-void quantize_rows32(const float *x, size_t x_stride, int j0, int j1, Activations32 &act) {
+// x rounded to f16 (to nearest even, as ggml's FP32_TO_FP16 on F16C), as a float.
+__attribute__((target("f16c"))) inline float to_half(float x) { return _cvtsh_ss(_cvtss_sh(x, 0)); }
+
+// ggml's x86 quantize_row_q8_0 / q8_1 in scalar float32: d = amax / 127 (stored as f16), id = 127 / amax,
+// q = x * id rounded half to even (ggml's _mm256_round_ps; its reference code uses roundf), s = f16(d * Σq).
+__attribute__((target("f16c"))) void quantize_rows32(const float *x, size_t x_stride, int j0, int j1,
+                                                     Activations32 &act) {
     for (int j = j0; j < j1; ++j) {
         const float *row = x + (size_t)j * x_stride;
         for (int b = 0; b < act.nb; ++b) {
@@ -304,7 +309,7 @@ void quantize_rows32(const float *x, size_t x_stride, int j0, int j1, Activation
             int8_t *q = act.qs + at * QK32;
             float amax = 0;
             for (int i = 0; i < QK32; ++i) amax = std::fabs(v[i]) > amax ? std::fabs(v[i]) : amax;
-            const float d = amax / 127.f, id = d != 0 ? 1.f / d : 0.f;
+            const float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
             int sum = 0;
             for (int i = 0; i < QK32; ++i) {
                 float r = std::nearbyint(v[i] * id);
@@ -312,7 +317,8 @@ void quantize_rows32(const float *x, size_t x_stride, int j0, int j1, Activation
                 q[i] = (int8_t)n;
                 sum += n;
             }
-            act.d[at] = d;
+            act.d[at] = to_half(d);
+            act.s[at] = to_half(d * (float)sum);
             act.sums[at] = (int16_t)sum;
         }
     }
