@@ -17,6 +17,7 @@
 // Q8_0 and IQ4_NL stay signed and use the sign trick (|w| × sign(q, w); a pair is at most
 // 2·128·127 = 32512), and the nibble formats sum up to 8 (Q4: 2·15·127 each) or 4 (Q5: 2·31·127)
 // products in int16 before widening. Every integer sum is exact.
+// Q4_1 keeps ggml's vec_dot float order as well (gemm32_q41_*): its outputs are ggml's bit for bit.
 #include <immintrin.h>
 
 #include <cmath>
@@ -280,6 +281,108 @@ __attribute__((target(SPECLM_AVX512))) void gemm32_avx512(const uint8_t *w, size
     }
 }
 
+
+// ---- Q4_1 in ggml's vec_dot order ----------------------------------------------------------------
+// ggml's plain kernels run Q4_1 through vec_dot (no multi-row path), which keeps eight float partial
+// sums per output, lane k summing over blocks d_w·d_x·(the int dot of values 4k..4k+3), adds them as
+// ((0+4)+(2+6))+((1+5)+(3+7)) and adds Σ m·s, a float running over blocks, at the end. In the
+// transposed tile register k's lanes hold exactly lane k's int dots, so keeping eight accumulators per
+// output gives ggml's floats bit for bit: SmolLM2 (Q4_1) amplifies any rounding difference past the
+// probe's tolerance (docs/kernels.md#the-32-value-block-formats). It costs eight float multiply-adds
+// per block and row where the other formats take one.
+template <typename V> struct Q41Acc {
+    V k[8], summs;
+};
+
+__attribute__((target(SPECLM_AVX2))) inline __m256 q41_finish(const Q41Acc<__m256> &a) {
+    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a.k[0], a.k[4]), _mm256_add_ps(a.k[2], a.k[6])),
+                                       _mm256_add_ps(_mm256_add_ps(a.k[1], a.k[5]), _mm256_add_ps(a.k[3], a.k[7]))),
+                         a.summs);
+}
+
+__attribute__((target(SPECLM_AVX2))) void gemm32_q41_avx2(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
+                                                          const Activations32 &act, int j0, int j1, float *dst,
+                                                          size_t dst_stride) {
+    static thread_local Q41Acc<__m256> acc[ROW_TILE];
+    const int n = j1 - j0;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t rt = r0; rt < r1; rt += 8) {
+        const int rows = r1 - rt < 8 ? (int)(r1 - rt) : 8;
+        for (int j = 0; j < n; ++j) {
+            for (int k = 0; k < 8; ++k) acc[j].k[k] = _mm256_setzero_ps();
+            acc[j].summs = _mm256_setzero_ps();
+        }
+        const uint8_t *tile = w + rt * row_bytes;
+        for (int b = 0; b < act.nb; ++b) {
+            __m256i v[8], wt[8];
+            uint16_t dh[8], mh[8];
+            tile_rows<Q41, 8, false>(tile, row_bytes, rows, b, v, dh, mh);
+            transpose8(v, wt);
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
+            const size_t at = (size_t)b * act.ny + j0;
+            for (int j = 0; j < n; ++j) {
+                const int8_t *q = act.qs + (at + j) * QK32;
+                const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(act.d[at + j]));
+                for (int k = 0; k < 8; ++k) {
+                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wt[k], _mm256_set1_epi32(int_at(q + 4 * k))), ones);
+                    acc[j].k[k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc[j].k[k]);
+                }
+                acc[j].summs = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[at + j]), acc[j].summs);
+            }
+        }
+        for (int j = 0; j < n; ++j) {
+            alignas(32) float lanes[8];
+            _mm256_store_ps(lanes, q41_finish(acc[j]));
+            float *out = dst + (size_t)(j0 + j) * dst_stride + rt;
+            for (int r = 0; r < rows; ++r) out[r] = lanes[r];
+        }
+    }
+}
+
+__attribute__((target(SPECLM_AVX512))) inline __m512 q41_finish(const Q41Acc<__m512> &a) {
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a.k[0], a.k[4]), _mm512_add_ps(a.k[2], a.k[6])),
+                                       _mm512_add_ps(_mm512_add_ps(a.k[1], a.k[5]), _mm512_add_ps(a.k[3], a.k[7]))),
+                         a.summs);
+}
+
+__attribute__((target(SPECLM_AVX512))) void gemm32_q41_avx512(const uint8_t *w, size_t row_bytes, int64_t r0,
+                                                              int64_t r1, const Activations32 &act, int j0, int j1,
+                                                              float *dst, size_t dst_stride) {
+    static thread_local Q41Acc<__m512> acc[ROW_TILE];
+    const int n = j1 - j0;
+    for (int64_t rt = r0; rt < r1; rt += 16) {
+        const int rows = r1 - rt < 16 ? (int)(r1 - rt) : 16;
+        for (int j = 0; j < n; ++j) {
+            for (int k = 0; k < 8; ++k) acc[j].k[k] = _mm512_setzero_ps();
+            acc[j].summs = _mm512_setzero_ps();
+        }
+        const uint8_t *tile = w + rt * row_bytes;
+        for (int b = 0; b < act.nb; ++b) {
+            __m256i v[16];
+            __m512i wt[8];
+            uint16_t dh[16], mh[16];
+            tile_rows<Q41, 16, true>(tile, row_bytes, rows, b, v, dh, mh);
+            transpose16x8(v, wt);
+            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
+            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
+            const size_t at = (size_t)b * act.ny + j0;
+            for (int j = 0; j < n; ++j) {
+                const int8_t *q = act.qs + (at + j) * QK32;
+                const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(act.d[at + j]));
+                for (int k = 0; k < 8; ++k) {
+                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wt[k], _mm512_set1_epi32(int_at(q + 4 * k)));
+                    acc[j].k[k] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[j].k[k]);
+                }
+                acc[j].summs = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[at + j]), acc[j].summs);
+            }
+        }
+        for (int j = 0; j < n; ++j)
+            _mm512_mask_storeu_ps(dst + (size_t)(j0 + j) * dst_stride + rt, (__mmask16)((1u << rows) - 1),
+                                  q41_finish(acc[j]));
+    }
+}
+
 }  // namespace
 
 Activations32 Activations32::in(void *mem, int ny, int64_t k) {
@@ -331,7 +434,7 @@ void gemm32(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, i
     Kernel kernel;
     switch (type) {
         case WeightType::Q4_0: kernel = wide ? gemm32_avx512<Q40> : gemm32_avx2<Q40>; break;
-        case WeightType::Q4_1: kernel = wide ? gemm32_avx512<Q41> : gemm32_avx2<Q41>; break;
+        case WeightType::Q4_1: kernel = wide ? gemm32_q41_avx512 : gemm32_q41_avx2; break;
         case WeightType::Q5_0: kernel = wide ? gemm32_avx512<Q50> : gemm32_avx2<Q50>; break;
         case WeightType::Q8_0: kernel = wide ? gemm32_avx512<Q80> : gemm32_avx2<Q80>; break;
         case WeightType::IQ4_NL: kernel = wide ? gemm32_avx512<IQ4NLB> : gemm32_avx2<IQ4NLB>; break;
