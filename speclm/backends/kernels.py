@@ -4,8 +4,8 @@ A configuration is two switches (docs/kernels.md):
 - buffers: where llama.cpp puts the weights. "amx" (the AMX buffer type, Intel
   Sapphire Rapids and later, compiled in when the build's CPU has AMX),
   "repack" (CPU_REPACK: weights re-laid out for multi-row kernels), "speclm"
-  (speclm's own multi-row kernels for Q4_K and Q6_K weights in ggml's layout, the
-  rest repacked: speclm.native), "speclm-repack" (the same kernels, Q4_K weights
+  (speclm's own multi-row kernels for Q4_K, Q6_K and the 32-value formats Q4_0, Q4_1,
+  Q5_0, Q8_0, IQ4_NL in ggml's layout, the rest repacked: speclm.native), "speclm-repack" (the same kernels, Q4_K weights
   kept in CPU_REPACK's interleaved layout, so one-row forwards run CPU_REPACK's
   kernel) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
 - tiled: llama.cpp's tiled multi-row matmul for weights that are not repacked
@@ -58,7 +58,7 @@ class KernelConfig:
 
     @property
     def claims(self) -> bool:
-        """Whether speclm's own kernels take this model's Q4_K/Q6_K matmul weights."""
+        """Whether speclm's own kernels take this model's matmul weights of the types they handle."""
         return self.buffers.startswith("speclm")
 
     @property
@@ -108,7 +108,7 @@ class BuildInfo:
     def configs(self) -> list[KernelConfig]:
         """Every configuration this build can realise, llama.cpp's default first. speclm's
         families come tiled only: untiled, prefill chunks past their 64 rows would run ggml's
-        one-row kernels over Q4_K (Q6_K) weights, which the probe's curve does not see
+        one-row kernels over the weights they hold (Q4_K, Q6_K, ...), which the probe's curve does not see
         (docs/kernels.md#configurations)."""
         families = [b for b in BUFFERS if self.unavailable(b) is None]
         return [KernelConfig(b, t) for b in families for t in (True, False) if t or not b.startswith("speclm")]

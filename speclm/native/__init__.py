@@ -8,7 +8,8 @@ for. A model then uses these kernels only when loaded while `claiming` (the `spe
 configurations); every other model runs on llama.cpp's kernels exactly as before. The `speclm`
 configuration keeps the weights in ggml's layout; `speclm-repack` keeps Q4_K weights interleaved
 as llama.cpp's CPU_REPACK lays them out (so one-row decode runs llama.cpp's repacked kernel on
-them), where that layout passes its check. Q6_K weights always keep ggml's layout.
+them), where that layout passes its check. Q6_K weights and the 32-value formats (Q4_0, Q4_1,
+Q5_0, Q8_0, IQ4_NL) always keep ggml's layout.
 docs/kernels.md#speclms-kernels has the whole contract.
 """
 
@@ -28,7 +29,9 @@ ROWS_ENV = "SPECLM_NATIVE_ROWS"  # "LO-HI": the activation rows these kernels ta
 ISA_ENV = "SPECLM_NATIVE_ISA"  # "avx2": run the AVX2 kernels on an AVX-512 CPU (to measure them)
 ROWS = (2, 64)  # one-row decode stays on llama.cpp's kernels; prefill chunks past 64 rows too
 ISAS = {1: "avx2", 2: "avx512-vnni"}
-WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2}  # q4_K_x8: eight rows interleaved as CPU_REPACK does
+# q4_K_x8: eight rows interleaved as CPU_REPACK does; q4_0 .. iq4_nl: the 32-value block formats, their
+# activations quantised per 32 values as ggml's Q8_0 does (quant_gemm.h: Activations32)
+WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2, "q4_0": 3, "q4_1": 4, "q5_0": 5, "q8_0": 6, "iq4_nl": 7}
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,8 @@ def status() -> Status:
 
 @contextmanager
 def claiming(on: bool, interleaved: bool = False):
-    """Models loaded inside put their Q4_K/Q6_K matmul weights in speclm's buffer (on) or not;
+    """Models loaded inside put their Q4_K/Q6_K and 32-value-format (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL)
+    matmul weights in speclm's buffer (on) or not;
     interleaved: Q4_K weights in CPU_REPACK's layout (see `interleaved_off`)."""
     if _lib is None:
         if on:

@@ -1,9 +1,10 @@
 // speclm's kernels inside llama.cpp's own graph: two extra CPU buffer types, put first in the list
-// libggml-cpu consults, that claim the Q4_K and Q6_K matmul weights of the models loaded while
-// claiming is on and compute their multi-row matmuls on ggml's own threads.
+// libggml-cpu consults, that claim the Q4_K, Q6_K and 32-value-block (Q4_0, Q4_1, Q5_0, Q8_0,
+// IQ4_NL) matmul weights of the models loaded while claiming is on and compute their multi-row
+// matmuls on ggml's own threads.
 //
-// CPU_SPECLM holds weights in ggml's own layout (ggml's CPU buffer, relabelled): Q6_K always, Q4_K
-// for the `speclm` configuration. CPU_SPECLM_Q4KX8 holds Q4_K weights as ggml's CPU_REPACK lays them
+// CPU_SPECLM holds weights in ggml's own layout (ggml's CPU buffer, relabelled): Q6_K and the
+// 32-value formats always, Q4_K for the `speclm` configuration. CPU_SPECLM_Q4KX8 holds Q4_K weights as ggml's CPU_REPACK lays them
 // out (its buffer, relabelled: ggml repacks them as they load), for `speclm-repack`. Any matmul these
 // kernels decline (a row count outside the range, a shape they do not take) runs ggml's own code on
 // the same bytes: vec_dot for the first type, CPU_REPACK's kernels for the second, so on
@@ -60,9 +61,26 @@ struct Ggml {
     int (*tensor_alloc)(buffer *, tensor *, void *);
     void (*tensor_set)(tensor *, const void *, size_t, size_t);
     void *(*buffer_get_base)(buffer *);
+    size_t (*tiled_wdata_size)(int, tensor *);
 };
 
-constexpr int TYPE_F32 = 0, TYPE_Q4_K = 12, TYPE_Q6_K = 14, TYPE_Q8_K = 15;  // checked by name at registration
+// ggml's type numbers, checked by name at registration
+constexpr int TYPE_F32 = 0, TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q8_0 = 8, TYPE_Q8_1 = 9, TYPE_Q4_K = 12,
+              TYPE_Q6_K = 14, TYPE_Q8_K = 15, TYPE_IQ4_NL = 20;
+
+// The kernels' name for a ggml weight type; false: not one they take.
+bool weight_type(int ggml_type, speclm::WeightType &out) {
+    switch (ggml_type) {
+        case TYPE_Q4_K: out = speclm::WeightType::Q4_K; return true;
+        case TYPE_Q6_K: out = speclm::WeightType::Q6_K; return true;
+        case TYPE_Q4_0: out = speclm::WeightType::Q4_0; return true;
+        case TYPE_Q4_1: out = speclm::WeightType::Q4_1; return true;
+        case TYPE_Q5_0: out = speclm::WeightType::Q5_0; return true;
+        case TYPE_Q8_0: out = speclm::WeightType::Q8_0; return true;
+        case TYPE_IQ4_NL: out = speclm::WeightType::IQ4_NL; return true;
+        default: return false;
+    }
+}
 
 Ggml g;
 int op_mul_mat = -1;
@@ -81,8 +99,9 @@ bool is_ours(const tensor *t) { return in(t, &our_type) || in(t, &our_x8_type); 
 
 bool shape_ok(const tensor *op) {
     const tensor *w = op->src[0], *x = op->src[1];
-    if (w->type != TYPE_Q4_K && w->type != TYPE_Q6_K) return false;
-    if (w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::QK != 0) return false;
+    speclm::WeightType type;
+    if (!weight_type(w->type, type)) return false;
+    if (w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::block_values(type) != 0) return false;
     if (!x || x->type != TYPE_F32 || x->ne[0] != w->ne[0] || x->ne[2] != 1 || x->ne[3] != 1) return false;
     if (x->nb[0] != sizeof(float) || op->nb[0] != sizeof(float)) return false;
     if (x->buf && !g.buft_is_host(x->buf->buft)) return false;
@@ -97,6 +116,11 @@ bool takes(const tensor *op) {
 
 constexpr int64_t CHUNK_ROWS = 64;  // weight rows a thread takes at a time (even: the AVX-512 kernel pairs rows)
 
+// The activations' bytes for a matmul of `type` (Q8_K-like for the k-quants, Activations32 else).
+size_t activation_bytes(speclm::WeightType type, int ny, int64_t k) {
+    return speclm::is_q32(type) ? speclm::Activations32::bytes(ny, k) : speclm::Activations::bytes(ny, k);
+}
+
 // The matmul on ggml's threads: activations quantised by every thread's share, then weight rows in
 // chunks. False (nothing done) where the kernels decline it.
 bool run(compute_params *p, tensor *op, speclm::WeightType type) {
@@ -104,19 +128,29 @@ bool run(compute_params *p, tensor *op, speclm::WeightType type) {
     const tensor *w = op->src[0], *x = op->src[1];
     const int ny = (int)x->ne[1];
     const int64_t k = w->ne[0];
-    if (p->wsize < speclm::Activations::bytes(ny, k)) return false;  // the same answer on every thread
-    speclm::Activations act = speclm::Activations::in(p->wdata, ny, k);
+    if (p->wsize < activation_bytes(type, ny, k)) return false;  // the same answer on every thread
+    const bool q32 = speclm::is_q32(type);
+    speclm::Activations act;
+    speclm::Activations32 act32;
+    if (q32) act32 = speclm::Activations32::in(p->wdata, ny, k);
+    else act = speclm::Activations::in(p->wdata, ny, k);
     if (p->ith == 0) g.chunk_set(p->threadpool, p->nth);  // chunks 0..nth-1 go to the threads in order
-    speclm::quantize_rows((const float *)x->data, x->nb[1] / sizeof(float), ny * p->ith / p->nth,
-                          ny * (p->ith + 1) / p->nth, act);
+    const int j0 = ny * p->ith / p->nth, j1 = ny * (p->ith + 1) / p->nth;
+    const float *xs = (const float *)x->data;
+    if (q32) speclm::quantize_rows32(xs, x->nb[1] / sizeof(float), j0, j1, act32);
+    else speclm::quantize_rows(xs, x->nb[1] / sizeof(float), j0, j1, act);
     g.barrier(p->threadpool);
     // weight rows in chunks taken from ggml's shared counter, so a thread that another process slows
     // down leaves its share to the others instead of holding the step at the next barrier
     const int64_t rows = w->ne[1], chunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
     for (int64_t c = p->ith; c < chunks; c = g.chunk_add(p->threadpool, 1)) {
         int64_t r0 = c * CHUNK_ROWS, r1 = std::min(rows, r0 + CHUNK_ROWS);
-        speclm::gemm(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act, (float *)op->data,
-                     op->nb[1] / sizeof(float), isa);
+        if (q32)
+            speclm::gemm32(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act32, (float *)op->data,
+                           op->nb[1] / sizeof(float), isa);
+        else
+            speclm::gemm(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act, (float *)op->data,
+                         op->nb[1] / sizeof(float), isa);
     }
     if (p->ith == 0) handled.fetch_add(1, std::memory_order_relaxed);
     return true;
@@ -124,12 +158,26 @@ bool run(compute_params *p, tensor *op, speclm::WeightType type) {
 
 class Traits : public tensor_traits {  // weights in ggml's layout: declined matmuls go on to vec_dot
   public:
-    bool work_size(int, const tensor *, size_t &) override {
-        return false;  // ggml reserves ny * K/256 * 292 bytes for Q8_K activations: exactly what these use
+    // Q4_K/Q6_K: ggml reserves ny * K/256 * 292 bytes for Q8_K activations, exactly what these use (false:
+    // ggml's own estimate stands). The 32-value formats' activations take 42 bytes per 32 values where ggml
+    // reserves 34 (Q8_0) or 36 (Q8_1): ask for the larger of theirs and ggml's own estimate, which this
+    // answer replaces for the node (ggml_graph_plan asks the extra buffer types first) and which a matmul
+    // these kernels decline still needs.
+    bool work_size(int n_threads, const tensor *op, size_t &size) override {
+        speclm::WeightType type;
+        if (op->op != op_mul_mat || !weight_type(op->src[0]->type, type) || !speclm::is_q32(type)) return false;
+        const tensor *x = op->src[1];
+        const int vec_dot = type == speclm::WeightType::Q4_1 ? TYPE_Q8_1 : TYPE_Q8_0;
+        size_t own = x->type == vec_dot ? 0 : g.row_size(vec_dot, x->ne[0] * x->ne[1] * x->ne[2] * x->ne[3]);
+        own = (own + 63) / 64 * 64 + g.tiled_wdata_size(n_threads, const_cast<tensor *>(op));
+        const size_t ours = shape_ok(op) ? activation_bytes(type, (int)x->ne[1], op->src[0]->ne[0]) : 0;
+        size = std::max(own, ours);
+        return true;
     }
 
     bool compute_forward(compute_params *p, tensor *op) override {
-        return run(p, op, op->src[0]->type == TYPE_Q4_K ? speclm::WeightType::Q4_K : speclm::WeightType::Q6_K);
+        speclm::WeightType type;
+        return weight_type(op->src[0]->type, type) && run(p, op, type);
     }
 };
 
@@ -247,7 +295,8 @@ bool resolve(const std::string &dir) {
            find(cpu, "ggml_threadpool_chunk_add", g.chunk_add) &&
            find(cpu, "_Z39ggml_backend_cpu_get_extra_buffer_typesv", g.extra_buffer_types) &&
            find(base, "ggml_backend_tensor_alloc", g.tensor_alloc) && find(base, "ggml_backend_tensor_set", g.tensor_set) &&
-           find(base, "ggml_backend_buffer_get_base", g.buffer_get_base);
+           find(base, "ggml_backend_buffer_get_base", g.buffer_get_base) &&
+           find(cpu, "ggml_tiled_wdata_size", g.tiled_wdata_size);
 }
 
 // CPU_REPACK in the list, checked to interleave Q4_K as x8_row_block reads it: eight rows of random
@@ -284,15 +333,19 @@ std::string check_repack(std::vector<buffer_type *> &list) {
 // The layouts in ggml_abi.h against the loaded library: a tensor and a matmul made by ggml, a
 // buffer allocated by ggml, the type numbers by their names.
 bool abi_check() {
-    const char *names[][2] = {{"f32", nullptr}, {"q4_K", nullptr}, {"q6_K", nullptr}, {"q8_K", nullptr}};
-    const int types[] = {TYPE_F32, TYPE_Q4_K, TYPE_Q6_K, TYPE_Q8_K};
-    for (int i = 0; i < 4; ++i) {
-        const char *got = g.type_name(types[i]);
-        if (!got || std::strcmp(got, names[i][0]) != 0)
-            return fail("ggml type %d is %s, expected %s", types[i], got ? got : "?", names[i][0]);
+    // each type ggml numbers here, by name, with the bytes of one 256-value row
+    const struct { int type; const char *name; size_t bytes; } types[] = {
+        {TYPE_F32, "f32", 1024},  {TYPE_Q4_0, "q4_0", 144}, {TYPE_Q4_1, "q4_1", 160}, {TYPE_Q5_0, "q5_0", 176},
+        {TYPE_Q8_0, "q8_0", 272}, {TYPE_Q8_1, "q8_1", 288}, {TYPE_Q4_K, "q4_K", 144}, {TYPE_Q6_K, "q6_K", 210},
+        {TYPE_Q8_K, "q8_K", 292}, {TYPE_IQ4_NL, "iq4_nl", 144}};
+    for (const auto &t : types) {
+        const char *got = g.type_name(t.type);
+        if (!got || std::strcmp(got, t.name) != 0)
+            return fail("ggml type %d is %s, expected %s", t.type, got ? got : "?", t.name);
+        if (g.row_size(t.type, 256) != t.bytes)
+            return fail("ggml's %s rows of 256 values are %zu bytes, expected %zu", t.name, g.row_size(t.type, 256),
+                        t.bytes);
     }
-    if (g.row_size(TYPE_Q4_K, 256) != 144 || g.row_size(TYPE_Q6_K, 256) != 210 || g.row_size(TYPE_Q8_K, 256) != 292)
-        return fail("ggml's Q4_K/Q6_K/Q8_K block sizes are not 144/210/292 bytes");
     void *ctx = g.init({1 << 20, nullptr, false});
     if (!ctx) return fail("ggml_init failed");
     tensor *a = g.new_tensor_2d(ctx, TYPE_Q4_K, 512, 3), *b = g.new_tensor_2d(ctx, TYPE_F32, 512, 2);
@@ -357,7 +410,7 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
 
 __attribute__((visibility("default"))) const char *speclm_kernels_error() { return error.c_str(); }
 
-// Whether models loaded from now on put their Q4_K/Q6_K matmul weights in speclm's buffer.
+// Whether models loaded from now on put their matmul weights of the types above in speclm's buffer.
 __attribute__((visibility("default"))) void speclm_kernels_claim(int on) { claiming = on != 0; }
 
 // The matmuls speclm computes: those over min..max activation rows (others run ggml's kernels).
@@ -385,24 +438,36 @@ __attribute__((visibility("default"))) int speclm_kernels_interleaved(int on) {
 __attribute__((visibility("default"))) const char *speclm_kernels_interleaved_off() { return interleaved_off.c_str(); }
 
 // One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K;
-// type 0 Q4_K, 1 Q6_K, 2 Q4_K interleaved as CPU_REPACK does (nrows a multiple of 8).
+// type 0 Q4_K, 1 Q6_K, 2 Q4_K interleaved as CPU_REPACK does (nrows a multiple of 8); 3..7 Q4_0, Q4_1,
+// Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32).
 // reps > 0: compute it that many times and return the fastest one's thread CPU time in ns (the
 // quantisation of x not counted), to compare kernels on a shared machine.
 __attribute__((visibility("default"))) double speclm_gemm(int type, const void *w, int64_t nrows, int64_t k,
                                                          const float *x, int ny, float *out, int isa_, int reps) {
-    if (k % speclm::QK || ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 2) return -1;
-    if (type == (int)speclm::WeightType::Q4_K_X8 && nrows % 8) return -1;
+    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 7) return -1;
     auto wt = (speclm::WeightType)type;
-    std::vector<uint8_t> mem(speclm::Activations::bytes(ny, k) + 64);
+    if (k % speclm::block_values(wt) || (wt == speclm::WeightType::Q4_K_X8 && nrows % 8)) return -1;
+    const bool q32 = speclm::is_q32(wt);
+    std::vector<uint8_t> mem(activation_bytes(wt, ny, k) + 64);
     void *aligned = (void *)(((uintptr_t)mem.data() + 63) & ~(uintptr_t)63);
-    speclm::Activations act = speclm::Activations::in(aligned, ny, k);
-    speclm::quantize_rows(x, (size_t)k, 0, ny, act);
+    speclm::Activations act;
+    speclm::Activations32 act32;
+    if (q32) {
+        act32 = speclm::Activations32::in(aligned, ny, k);
+        speclm::quantize_rows32(x, (size_t)k, 0, ny, act32);
+    } else {
+        act = speclm::Activations::in(aligned, ny, k);
+        speclm::quantize_rows(x, (size_t)k, 0, ny, act);
+    }
     double best = 0;
     for (int rep = 0; rep < (reps > 0 ? reps : 1); ++rep) {
         timespec t0, t1;
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-        speclm::gemm(wt, (const uint8_t *)w, speclm::weight_block_bytes(wt) * (size_t)(k / speclm::QK), 0, nrows,
-                     act, out, (size_t)nrows, (speclm::Isa)isa_);
+        const size_t row_bytes = speclm::weight_block_bytes(wt) * (size_t)(k / speclm::block_values(wt));
+        if (q32)
+            speclm::gemm32(wt, (const uint8_t *)w, row_bytes, 0, nrows, act32, out, (size_t)nrows, (speclm::Isa)isa_);
+        else
+            speclm::gemm(wt, (const uint8_t *)w, row_bytes, 0, nrows, act, out, (size_t)nrows, (speclm::Isa)isa_);
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
         double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
         best = rep == 0 || ns < best ? ns : best;

@@ -1,5 +1,7 @@
 // Multi-row matmul of k-quant weights (Q4_K, Q6_K) with activation rows quantised to 8 bits
-// the way ggml's Q8_K is (one scale per 256 values, sums per 16): dst[j][r] = W[r] . x[j].
+// the way ggml's Q8_K is (one scale per 256 values, sums per 16): dst[j][r] = W[r] . x[j];
+// and of the 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL) with activations quantised
+// per 32 values the way ggml's Q8_0 is (quant_gemm_q32.cpp).
 // docs/kernels.md#speclms-kernels says how the loops are laid out and why.
 #pragma once
 
@@ -10,12 +12,19 @@ namespace speclm {
 
 // Q4_K_X8: Q4_K weights as ggml's CPU_REPACK buffer lays them out on x86 (block_q4_Kx8: eight rows'
 // blocks interleaved); rows come in groups of eight, and the row size is still the Q4_K one.
-enum class WeightType : int { Q4_K = 0, Q6_K = 1, Q4_K_X8 = 2 };
+// Q4_0 .. IQ4_NL: ggml's 32-value block formats in ggml's layout (is_q32).
+enum class WeightType : int { Q4_K = 0, Q6_K = 1, Q4_K_X8 = 2, Q4_0 = 3, Q4_1 = 4, Q5_0 = 5, Q8_0 = 6, IQ4_NL = 7 };
 enum class Isa : int { NONE = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
 constexpr int QK = 256;  // values per block, weights and activations alike
 
-size_t weight_block_bytes(WeightType type);  // 144 (Q4_K and Q4_K_X8, per row), 210 (Q6_K)
+constexpr int QK32 = 32;  // values per block of the 32-value formats, weights and activations alike
+
+inline bool is_q32(WeightType type) { return (int)type >= (int)WeightType::Q4_0; }
+inline int block_values(WeightType type) { return is_q32(type) ? QK32 : QK; }
+
+// 144 (Q4_K and Q4_K_X8, per row), 210 (Q6_K), 18 (Q4_0, IQ4_NL), 20 (Q4_1), 22 (Q5_0), 34 (Q8_0)
+size_t weight_block_bytes(WeightType type);
 
 // The activations of `ny` rows of K values, quantised (Q8_K's rounding exactly), laid out block-major so
 // that one weight block meets every row's matching block in consecutive memory:
@@ -46,6 +55,30 @@ void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int
 // Row `lane` (0..7)'s block as a plain Q4_K block (144 bytes), from one interleaved block: the layout's
 // definition, in scalar code (the registration's check of ggml's repacking, and the tests').
 void x8_row_block(const uint8_t *x8, int lane, uint8_t out[144]);
+
+// The activations of `ny` rows for the 32-value formats, quantised per 32 values exactly as ggml's
+// x86 quantize_row_q8_0 / q8_1 do (the inputs of ggml's own vec_dot): d = amax / 127 rounded to f16,
+// q = x * (127 / amax) rounded half to even, and Q8_1's s = d * Σq (d before its rounding) rounded to
+// f16. Block-major: qs[b][j][32] int8, then d[b][j] float (the f16 value), then s[b][j] float (the f16
+// value: Q4_1's min multiplies it), then sums[b][j] int16 (Σq: the offset of Q4_0/Q5_0 and of the
+// unsigned forms). ny * K/32 * 42 bytes: more than ggml reserves for Q8_0 (34) or Q8_1 (36)
+// activations, so the buffer type asks for it (Traits::work_size).
+struct Activations32 {
+    int ny = 0, nb = 0;
+    int8_t *qs = nullptr;
+    float *d = nullptr, *s = nullptr;
+    int16_t *sums = nullptr;
+
+    static size_t bytes(int ny, int64_t k) { return (size_t)ny * (size_t)(k / QK32) * (QK32 + 4 + 4 + 2); }
+    static Activations32 in(void *mem, int ny, int64_t k);  // any alignment
+};
+
+// Quantise rows [j0, j1) of x (row j at x + j * x_stride floats) into `act` (needs F16C: best_isa() != NONE).
+void quantize_rows32(const float *x, size_t x_stride, int j0, int j1, Activations32 &act);
+
+// gemm for the 32-value formats (is_q32(type)): dst[j * dst_stride + r] = W[r] . x[j], r in [r0, r1).
+void gemm32(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations32 &act,
+            float *dst, size_t dst_stride, Isa isa);
 
 Isa best_isa();  // the widest kernel this CPU can run (NONE: no AVX2+FMA+F16C)
 
