@@ -17,7 +17,7 @@
 // Q8_0 and IQ4_NL stay signed and use the sign trick (|w| × sign(q, w); a pair is at most
 // 2·128·127 = 32512), and the nibble formats sum up to 8 (Q4: 2·15·127 each) or 4 (Q5: 2·31·127)
 // products in int16 before widening. Every integer sum is exact.
-// Q4_1 keeps ggml's vec_dot float order as well (gemm32_q41_*): its outputs are ggml's bit for bit.
+// Q4_1 and Q8_0 keep ggml's vec_dot float order as well (gemm32_ordered_*): their outputs are ggml's bit for bit.
 #include <immintrin.h>
 
 #include <cmath>
@@ -282,28 +282,32 @@ __attribute__((target(SPECLM_AVX512))) void gemm32_avx512(const uint8_t *w, size
 }
 
 
-// ---- Q4_1 in ggml's vec_dot order ----------------------------------------------------------------
-// ggml's plain kernels run Q4_1 through vec_dot (no multi-row path), which keeps eight float partial
-// sums per output, lane k summing over blocks d_w·d_x·(the int dot of values 4k..4k+3), adds them as
-// ((0+4)+(2+6))+((1+5)+(3+7)) and adds Σ m·s, a float running over blocks, at the end. In the
-// transposed tile register k's lanes hold exactly lane k's int dots, so keeping eight accumulators per
-// output gives ggml's floats bit for bit: SmolLM2 (Q4_1) amplifies any rounding difference past the
-// probe's tolerance (docs/kernels.md#the-32-value-block-formats). It costs eight float multiply-adds
+// ---- Q4_1 and Q8_0 in ggml's vec_dot order ---------------------------------------------------------
+// ggml's plain kernels run Q4_1 through vec_dot (no multi-row path) and Q8_0 through vec_dot or, tiled,
+// llamafile's tinyBLAS, which sums the same way: eight float partial sums per output, lane k summing
+// over blocks d_w·d_x·(the int dot of values 4k..4k+3), added as ((0+4)+(2+6))+((1+5)+(3+7)), then (Q4_1)
+// Σ m·s, a float running over blocks. In the transposed tile register k's lanes hold exactly lane k's
+// int dots, so keeping eight accumulators per output gives ggml's floats bit for bit. Q4_1: SmolLM2
+// amplifies any rounding difference past the probe's tolerance (docs/kernels.md#the-32-value-block-formats);
+// Q8_0: a one-row forward runs ggml's code on it, so a row's logits do not then depend on the block
+// verifying it (SmolLM2's tied head, the draft's embeddings and head). It costs eight float multiply-adds
 // per block and row where the other formats take one.
-template <typename V> struct Q41Acc {
+template <typename V> struct OrderedAcc {
     V k[8], summs;
 };
 
-__attribute__((target(SPECLM_AVX2))) inline __m256 q41_finish(const Q41Acc<__m256> &a) {
-    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a.k[0], a.k[4]), _mm256_add_ps(a.k[2], a.k[6])),
-                                       _mm256_add_ps(_mm256_add_ps(a.k[1], a.k[5]), _mm256_add_ps(a.k[3], a.k[7]))),
-                         a.summs);
+template <typename T>
+__attribute__((target(SPECLM_AVX2))) inline __m256 ordered_finish(const OrderedAcc<__m256> &a) {
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a.k[0], a.k[4]), _mm256_add_ps(a.k[2], a.k[6])),
+                                     _mm256_add_ps(_mm256_add_ps(a.k[1], a.k[5]), _mm256_add_ps(a.k[3], a.k[7])));
+    return T::MIN ? _mm256_add_ps(sum, a.summs) : sum;
 }
 
-__attribute__((target(SPECLM_AVX2))) void gemm32_q41_avx2(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
-                                                          const Activations32 &act, int j0, int j1, float *dst,
-                                                          size_t dst_stride) {
-    static thread_local Q41Acc<__m256> acc[ROW_TILE];
+template <typename T>
+__attribute__((target(SPECLM_AVX2))) void gemm32_ordered_avx2(const uint8_t *w, size_t row_bytes, int64_t r0,
+                                                              int64_t r1, const Activations32 &act, int j0, int j1,
+                                                              float *dst, size_t dst_stride) {
+    static thread_local OrderedAcc<__m256> acc[ROW_TILE];
     const int n = j1 - j0;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t rt = r0; rt < r1; rt += 8) {
@@ -314,10 +318,12 @@ __attribute__((target(SPECLM_AVX2))) void gemm32_q41_avx2(const uint8_t *w, size
         }
         const uint8_t *tile = w + rt * row_bytes;
         for (int b = 0; b < act.nb; ++b) {
-            __m256i v[8], wt[8];
+            __m256i v[8], wt[8], a[8];
             uint16_t dh[8], mh[8];
-            tile_rows<Q41, 8, false>(tile, row_bytes, rows, b, v, dh, mh);
+            tile_rows<T, 8, false>(tile, row_bytes, rows, b, v, dh, mh);
             transpose8(v, wt);
+            if (T::SIGNED)
+                for (int k = 0; k < 8; ++k) a[k] = _mm256_abs_epi8(wt[k]);
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
             const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
             const size_t at = (size_t)b * act.ny + j0;
@@ -325,31 +331,39 @@ __attribute__((target(SPECLM_AVX2))) void gemm32_q41_avx2(const uint8_t *w, size
                 const int8_t *q = act.qs + (at + j) * QK32;
                 const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(act.d[at + j]));
                 for (int k = 0; k < 8; ++k) {
-                    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wt[k], _mm256_set1_epi32(int_at(q + 4 * k))), ones);
+                    const __m256i y = _mm256_set1_epi32(int_at(q + 4 * k));
+                    const __m256i p16 = T::SIGNED ? _mm256_maddubs_epi16(a[k], _mm256_sign_epi8(y, wt[k]))
+                                                  : _mm256_maddubs_epi16(wt[k], y);
+                    const __m256i p = _mm256_madd_epi16(p16, ones);
                     acc[j].k[k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc[j].k[k]);
                 }
-                acc[j].summs = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[at + j]), acc[j].summs);
+                if (T::MIN) acc[j].summs = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[at + j]), acc[j].summs);
             }
         }
         for (int j = 0; j < n; ++j) {
             alignas(32) float lanes[8];
-            _mm256_store_ps(lanes, q41_finish(acc[j]));
+            _mm256_store_ps(lanes, ordered_finish<T>(acc[j]));
             float *out = dst + (size_t)(j0 + j) * dst_stride + rt;
             for (int r = 0; r < rows; ++r) out[r] = lanes[r];
         }
     }
 }
 
-__attribute__((target(SPECLM_AVX512))) inline __m512 q41_finish(const Q41Acc<__m512> &a) {
-    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a.k[0], a.k[4]), _mm512_add_ps(a.k[2], a.k[6])),
-                                       _mm512_add_ps(_mm512_add_ps(a.k[1], a.k[5]), _mm512_add_ps(a.k[3], a.k[7]))),
-                         a.summs);
+template <typename T>
+__attribute__((target(SPECLM_AVX512))) inline __m512 ordered_finish(const OrderedAcc<__m512> &a) {
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a.k[0], a.k[4]), _mm512_add_ps(a.k[2], a.k[6])),
+                                     _mm512_add_ps(_mm512_add_ps(a.k[1], a.k[5]), _mm512_add_ps(a.k[3], a.k[7])));
+    return T::MIN ? _mm512_add_ps(sum, a.summs) : sum;
 }
 
-__attribute__((target(SPECLM_AVX512))) void gemm32_q41_avx512(const uint8_t *w, size_t row_bytes, int64_t r0,
-                                                              int64_t r1, const Activations32 &act, int j0, int j1,
-                                                              float *dst, size_t dst_stride) {
-    static thread_local Q41Acc<__m512> acc[ROW_TILE];
+// The four bytes at p summed (a lane's share of an activation block's Σq, for the +128 shift).
+inline int sum4(const int8_t *p) { return p[0] + p[1] + p[2] + p[3]; }
+
+template <typename T>
+__attribute__((target(SPECLM_AVX512))) void gemm32_ordered_avx512(const uint8_t *w, size_t row_bytes, int64_t r0,
+                                                                  int64_t r1, const Activations32 &act, int j0,
+                                                                  int j1, float *dst, size_t dst_stride) {
+    static thread_local OrderedAcc<__m512> acc[ROW_TILE];
     const int n = j1 - j0;
     for (int64_t rt = r0; rt < r1; rt += 16) {
         const int rows = r1 - rt < 16 ? (int)(r1 - rt) : 16;
@@ -362,7 +376,7 @@ __attribute__((target(SPECLM_AVX512))) void gemm32_q41_avx512(const uint8_t *w, 
             __m256i v[16];
             __m512i wt[8];
             uint16_t dh[16], mh[16];
-            tile_rows<Q41, 16, true>(tile, row_bytes, rows, b, v, dh, mh);
+            tile_rows<T, 16, true>(tile, row_bytes, rows, b, v, dh, mh);
             transpose16x8(v, wt);
             const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
             const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
@@ -371,15 +385,16 @@ __attribute__((target(SPECLM_AVX512))) void gemm32_q41_avx512(const uint8_t *w, 
                 const int8_t *q = act.qs + (at + j) * QK32;
                 const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(act.d[at + j]));
                 for (int k = 0; k < 8; ++k) {
-                    const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wt[k], _mm512_set1_epi32(int_at(q + 4 * k)));
+                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wt[k], _mm512_set1_epi32(int_at(q + 4 * k)));
+                    if (T::OFF512) p = _mm512_sub_epi32(p, _mm512_set1_epi32(T::OFF512 * sum4(q + 4 * k)));
                     acc[j].k[k] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[j].k[k]);
                 }
-                acc[j].summs = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[at + j]), acc[j].summs);
+                if (T::MIN) acc[j].summs = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[at + j]), acc[j].summs);
             }
         }
         for (int j = 0; j < n; ++j)
             _mm512_mask_storeu_ps(dst + (size_t)(j0 + j) * dst_stride + rt, (__mmask16)((1u << rows) - 1),
-                                  q41_finish(acc[j]));
+                                  ordered_finish<T>(acc[j]));
     }
 }
 
@@ -434,9 +449,9 @@ void gemm32(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, i
     Kernel kernel;
     switch (type) {
         case WeightType::Q4_0: kernel = wide ? gemm32_avx512<Q40> : gemm32_avx2<Q40>; break;
-        case WeightType::Q4_1: kernel = wide ? gemm32_q41_avx512 : gemm32_q41_avx2; break;
+        case WeightType::Q4_1: kernel = wide ? gemm32_ordered_avx512<Q41> : gemm32_ordered_avx2<Q41>; break;
         case WeightType::Q5_0: kernel = wide ? gemm32_avx512<Q50> : gemm32_avx2<Q50>; break;
-        case WeightType::Q8_0: kernel = wide ? gemm32_avx512<Q80> : gemm32_avx2<Q80>; break;
+        case WeightType::Q8_0: kernel = wide ? gemm32_ordered_avx512<Q80> : gemm32_ordered_avx2<Q80>; break;
         case WeightType::IQ4_NL: kernel = wide ? gemm32_avx512<IQ4NLB> : gemm32_avx2<IQ4NLB>; break;
         default: return;
     }
