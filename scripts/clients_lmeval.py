@@ -120,8 +120,10 @@ def pairs_of(sample: dict) -> list[tuple[str, str]]:
     return [tuple(a) for a in args]
 
 
-def compare(name: str, run: dict, sent: list[dict], ref: Reference, tokenized: bool) -> bool:
-    """Re-scores every sample; returns whether lm-eval's acc and acc_norm equal the reference's."""
+def compare(name: str, run: dict, sent: list[dict], ref: Reference, tokenized: bool) -> dict:
+    """Re-scores every sample and prints the comparison; returns {"equal": whether lm-eval's acc and
+    acc_norm equal the reference's, "worst": the largest log-likelihood difference, "matched": the
+    pairs whose prompt was sent exactly as the reference rebuilds it, "pairs": all pairs}."""
     sent_prompts = {json.dumps(p) for body in sent for p in (body["prompt"] if isinstance(body["prompt"], list)
                                                               else [body["prompt"]])}
     worst, right, right_norm, matched = 0.0, 0, 0, 0
@@ -147,7 +149,9 @@ def compare(name: str, run: dict, sent: list[dict], ref: Reference, tokenized: b
     print(f"  lm-eval   acc {got['acc,none']:.4f}  acc_norm {got['acc_norm,none']:.4f}")
     print(f"  reference acc {right / n:.4f}  acc_norm {right_norm / n:.4f}")
     print(f"  max |loglik(lm-eval) - loglik(reference)| = {worst:.3g}", flush=True)
-    return math.isclose(got["acc,none"], right / n) and math.isclose(got["acc_norm,none"], right_norm / n)
+    pairs = sum(len(pairs_of(s)) for s in run["samples"])
+    return {"equal": math.isclose(got["acc,none"], right / n) and math.isclose(got["acc_norm,none"], right_norm / n),
+            "worst": worst, "matched": matched, "pairs": pairs}
 
 
 def main() -> None:
@@ -188,7 +192,8 @@ def main() -> None:
     ref, ok = Reference(args.gguf, args.flash_attn == "on"), True
     for mode in modes:
         saved = json.loads((work / f"{mode}.json").read_text())
-        ok &= compare(f"tokenized_requests={mode == 'tokens'}", saved["run"], saved["sent"], ref, mode == "tokens")
+        ok &= compare(f"tokenized_requests={mode == 'tokens'}", saved["run"], saved["sent"], ref,
+                      mode == "tokens")["equal"]
     sys.exit(0 if ok else 1)
 
 

@@ -53,38 +53,62 @@ def tokenizer_dir(tmp_path_factory) -> str:
     return str(out)
 
 
-@pytest.mark.parametrize("tokenized", [True, False], ids=["token-ids", "strings"])
-def test_lm_eval_scores_equal_llama_cpp_python_computing_them_directly(served, tokenizer_dir, tokenized,
-                                                                         monkeypatch, capsys):
+LM_EVAL = """
+import json, os, sys
+from pathlib import Path
+import lm_eval
+from lm_eval.tasks import TaskManager
+from speclm import LLM
+from speclm.models.catalog import resolve_model
+from speclm.server import ServerConfig, create_app
+from tests.test_server import live
+import importlib.util
+spec = importlib.util.spec_from_file_location("clients_lmeval", Path("scripts") / "clients_lmeval.py")
+clients = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(clients)
+tokenizer, items = sys.argv[1], int(sys.argv[2])
+os.chdir(clients.TASK_DIR)  # the task names its data file relative to where lm-eval runs
+gguf = str(resolve_model("qwen2.5-coder-0.5b"))
+llm = LLM(target=gguf, max_sequences=2, kernels="repack+tiled")
+ref = clients.Reference(gguf, flash_attn=True)
+found = {}
+with live(create_app(llm, ServerConfig(model_id="qwen", max_concurrency=2))) as (url, _):
+    for tokenized in (True, False):
+        sent = []
+        proxy = clients.start_proxy(url, sent)
+        out = lm_eval.simple_evaluate(
+            model="local-completions",
+            model_args=(f"model=qwen,base_url={proxy}/v1/completions,tokenizer_backend=huggingface,"
+                        f"tokenizer={tokenizer},tokenized_requests={tokenized}"),
+            tasks=["speclm_mc"], task_manager=TaskManager(include_path=str(clients.TASK_DIR)), limit=items,
+            log_samples=True)
+        run = {"scores": out["results"]["speclm_mc"], "samples": out["samples"]["speclm_mc"]}
+        result = clients.compare(f"tokenized_requests={tokenized}", run, sent, ref, tokenized)
+        result.update(items=len(run["samples"]), requests=len(sent), scores=run["scores"]["acc,none"],
+                      id_lists=all(isinstance(b["prompt"], list) and isinstance(b["prompt"][0], list) for b in sent))
+        found[str(tokenized)] = result
+print(json.dumps(found))
+"""
+
+
+def test_lm_eval_scores_equal_llama_cpp_python_computing_them_directly(tokenizer_dir, capsys):
+    """lm-eval's own run (`simple_evaluate`, `local-completions`) against a live server, with token-id
+    prompts and with strings, and llama-cpp-python computing the same log-likelihoods directly (one
+    forward of each pair's tokens, every row's logits, flash attention as the server's context has
+    it) on the same kernels (`repack+tiled`, llama-cpp-python's default, in a child process: the
+    kernels are the process's): every log-likelihood bit for bit, so the scores too, and every
+    prompt lm-eval sent is the pair's tokens (or text) exactly."""
     pytest.importorskip("lm_eval")
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    clients = script("clients_lmeval")
-    monkeypatch.chdir(clients.TASK_DIR)  # the task names its data file relative to where lm-eval runs
-    sent: list[dict] = []
-    proxy = clients.start_proxy(served, sent)
-    out = lm_eval.simple_evaluate(
-        model="local-completions",
-        model_args=(f"model=qwen,base_url={proxy}/v1/completions,tokenizer_backend=huggingface,"
-                    f"tokenizer={tokenizer_dir},tokenized_requests={tokenized}"),
-        tasks=["speclm_mc"], task_manager=TaskManager(include_path=str(clients.TASK_DIR)), limit=ITEMS,
-        log_samples=True)
-    run = {"scores": out["results"]["speclm_mc"], "samples": out["samples"]["speclm_mc"]}
-    assert len(run["samples"]) == ITEMS and sent
-    if tokenized:
-        assert all(isinstance(body["prompt"], list) and isinstance(body["prompt"][0], list) for body in sent)
-    ref = clients.Reference(str(resolve_model("qwen2.5-coder-0.5b")), flash_attn=True)
-    try:
-        assert clients.compare(f"tokenized_requests={tokenized}", run, sent, ref, tokenized)
-    finally:
-        ref.llm.close()
-    printed = capsys.readouterr().out
-    with capsys.disabled():  # the scores and the largest log-likelihood difference, for the record
-        print("\n" + printed)
-    pairs = 4 * ITEMS
-    assert f"rebuilt exactly as sent: {pairs}/{pairs}" in printed, printed
+    env = {**os.environ, "PYTHONPATH": str(SCRIPTS.parent), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", LM_EVAL, tokenizer_dir, str(ITEMS)], capture_output=True,
+                          text=True, timeout=1200, env=env, cwd=str(SCRIPTS.parent))
+    assert done.returncode == 0, done.stderr[-3000:]
+    with capsys.disabled():  # lm-eval's scores, the reference's and the largest difference, for the record
+        print("\n" + "\n".join(line for line in done.stdout.splitlines() if not line.startswith("{")))
+    for tokenized, r in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        assert r["items"] == ITEMS and r["matched"] == r["pairs"] == 4 * ITEMS, (tokenized, r)
+        assert r["equal"] and r["worst"] == 0.0, (tokenized, r)
+        assert r["id_lists"] == (tokenized == "True"), (tokenized, r)
 
 
 ONE_FORWARD = """
