@@ -58,9 +58,11 @@ MIXED = [  # (prompt, sampling, spec): every method with a deterministic K seque
 
 
 def run_batched(llm: LLM, jobs, **engine_kw) -> list:
-    """One forward per step (split_forwards off: a toy's timings are noise)."""
-    engine = Engine(llm, max_concurrency=len(jobs), **{"split_forwards": False, **engine_kw})
+    """One forward per step (split_forwards off: a toy's timings are noise); every job is queued
+    before the engine's first step, so they start together however busy the machine is."""
+    engine = Engine(llm, max_concurrency=len(jobs), start=False, **{"split_forwards": False, **engine_kw})
     handles = [engine.submit(p, sp, spec) for p, sp, spec in jobs]
+    engine.start()
     out = [h.result(timeout=60) for h in handles]
     engine.shutdown()
     return out
