@@ -448,14 +448,8 @@ inline int nearest_int(float v) {
 }  // namespace
 
 size_t weight_block_bytes(WeightType type) {
-    switch (type) {
-        case WeightType::Q6_K: return Q6K::bytes;
-        case WeightType::Q4_0: case WeightType::IQ4_NL: return 18;
-        case WeightType::Q4_1: return 20;
-        case WeightType::Q5_0: return 22;
-        case WeightType::Q8_0: return 34;
-        default: return Q4K::bytes;
-    }
+    if (is_q32(type)) return block_bytes32(type);
+    return type == WeightType::Q6_K ? Q6K::bytes : Q4K::bytes;
 }
 
 Activations Activations::in(void *mem, int ny, int64_t k) {

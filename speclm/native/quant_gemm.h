@@ -25,6 +25,7 @@ inline int block_values(WeightType type) { return is_q32(type) ? QK32 : QK; }
 
 // 144 (Q4_K and Q4_K_X8, per row), 210 (Q6_K), 18 (Q4_0, IQ4_NL), 20 (Q4_1), 22 (Q5_0), 34 (Q8_0)
 size_t weight_block_bytes(WeightType type);
+size_t block_bytes32(WeightType type);  // the 32-value formats' (quant_gemm_q32.cpp declares each format once)
 
 // The activations of `ny` rows of K values, quantised (Q8_K's rounding exactly), laid out block-major so
 // that one weight block meets every row's matching block in consecutive memory:

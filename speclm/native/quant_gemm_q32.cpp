@@ -442,6 +442,17 @@ __attribute__((target("f16c"))) void quantize_rows32(const float *x, size_t x_st
     }
 }
 
+size_t block_bytes32(WeightType type) {
+    switch (type) {
+        case WeightType::Q4_0: return Q40::bytes;
+        case WeightType::Q4_1: return Q41::bytes;
+        case WeightType::Q5_0: return Q50::bytes;
+        case WeightType::Q8_0: return Q80::bytes;
+        case WeightType::IQ4_NL: return IQ4NLB::bytes;
+        default: return 0;
+    }
+}
+
 void gemm32(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations32 &act,
             float *dst, size_t dst_stride, Isa isa) {
     using Kernel = void (*)(const uint8_t *, size_t, int64_t, int64_t, const Activations32 &, int, int, float *, size_t);
