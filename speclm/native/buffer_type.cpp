@@ -121,6 +121,30 @@ size_t activation_bytes(speclm::WeightType type, int ny, int64_t k) {
     return speclm::is_q32(type) ? speclm::Activations32::bytes(ny, k) : speclm::Activations::bytes(ny, k);
 }
 
+// One matmul's activations in `mem`, laid out as the kernels for its weight type read them, and those
+// kernels: the one place the k-quants and the 32-value formats part ways.
+struct Matmul {
+    speclm::WeightType type;
+    speclm::Activations act;
+    speclm::Activations32 act32;
+
+    Matmul(speclm::WeightType t, void *mem, int ny, int64_t k) : type(t) {
+        if (speclm::is_q32(t)) act32 = speclm::Activations32::in(mem, ny, k);
+        else act = speclm::Activations::in(mem, ny, k);
+    }
+
+    void quantize(const float *x, size_t x_stride, int j0, int j1) {
+        if (speclm::is_q32(type)) speclm::quantize_rows32(x, x_stride, j0, j1, act32);
+        else speclm::quantize_rows(x, x_stride, j0, j1, act);
+    }
+
+    void gemm(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1, float *dst, size_t dst_stride,
+              speclm::Isa isa_) const {
+        if (speclm::is_q32(type)) speclm::gemm32(type, w, row_bytes, r0, r1, act32, dst, dst_stride, isa_);
+        else speclm::gemm(type, w, row_bytes, r0, r1, act, dst, dst_stride, isa_);
+    }
+};
+
 // The matmul on ggml's threads: activations quantised by every thread's share, then weight rows in
 // chunks. False (nothing done) where the kernels decline it.
 bool run(compute_params *p, tensor *op, speclm::WeightType type) {
@@ -129,28 +153,16 @@ bool run(compute_params *p, tensor *op, speclm::WeightType type) {
     const int ny = (int)x->ne[1];
     const int64_t k = w->ne[0];
     if (p->wsize < activation_bytes(type, ny, k)) return false;  // the same answer on every thread
-    const bool q32 = speclm::is_q32(type);
-    speclm::Activations act;
-    speclm::Activations32 act32;
-    if (q32) act32 = speclm::Activations32::in(p->wdata, ny, k);
-    else act = speclm::Activations::in(p->wdata, ny, k);
+    Matmul mm(type, p->wdata, ny, k);
     if (p->ith == 0) g.chunk_set(p->threadpool, p->nth);  // chunks 0..nth-1 go to the threads in order
-    const int j0 = ny * p->ith / p->nth, j1 = ny * (p->ith + 1) / p->nth;
-    const float *xs = (const float *)x->data;
-    if (q32) speclm::quantize_rows32(xs, x->nb[1] / sizeof(float), j0, j1, act32);
-    else speclm::quantize_rows(xs, x->nb[1] / sizeof(float), j0, j1, act);
+    mm.quantize((const float *)x->data, x->nb[1] / sizeof(float), ny * p->ith / p->nth, ny * (p->ith + 1) / p->nth);
     g.barrier(p->threadpool);
     // weight rows in chunks taken from ggml's shared counter, so a thread that another process slows
     // down leaves its share to the others instead of holding the step at the next barrier
     const int64_t rows = w->ne[1], chunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
     for (int64_t c = p->ith; c < chunks; c = g.chunk_add(p->threadpool, 1)) {
         int64_t r0 = c * CHUNK_ROWS, r1 = std::min(rows, r0 + CHUNK_ROWS);
-        if (q32)
-            speclm::gemm32(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act32, (float *)op->data,
-                           op->nb[1] / sizeof(float), isa);
-        else
-            speclm::gemm(type, (const uint8_t *)w->data, w->nb[1], r0, r1, act, (float *)op->data,
-                         op->nb[1] / sizeof(float), isa);
+        mm.gemm((const uint8_t *)w->data, w->nb[1], r0, r1, (float *)op->data, op->nb[1] / sizeof(float), isa);
     }
     if (p->ith == 0) handled.fetch_add(1, std::memory_order_relaxed);
     return true;
@@ -447,27 +459,15 @@ __attribute__((visibility("default"))) double speclm_gemm(int type, const void *
     if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 7) return -1;
     auto wt = (speclm::WeightType)type;
     if (k % speclm::block_values(wt) || (wt == speclm::WeightType::Q4_K_X8 && nrows % 8)) return -1;
-    const bool q32 = speclm::is_q32(wt);
     std::vector<uint8_t> mem(activation_bytes(wt, ny, k) + 64);
-    void *aligned = (void *)(((uintptr_t)mem.data() + 63) & ~(uintptr_t)63);
-    speclm::Activations act;
-    speclm::Activations32 act32;
-    if (q32) {
-        act32 = speclm::Activations32::in(aligned, ny, k);
-        speclm::quantize_rows32(x, (size_t)k, 0, ny, act32);
-    } else {
-        act = speclm::Activations::in(aligned, ny, k);
-        speclm::quantize_rows(x, (size_t)k, 0, ny, act);
-    }
+    Matmul mm(wt, (void *)(((uintptr_t)mem.data() + 63) & ~(uintptr_t)63), ny, k);
+    mm.quantize(x, (size_t)k, 0, ny);
+    const size_t row_bytes = speclm::weight_block_bytes(wt) * (size_t)(k / speclm::block_values(wt));
     double best = 0;
     for (int rep = 0; rep < (reps > 0 ? reps : 1); ++rep) {
         timespec t0, t1;
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-        const size_t row_bytes = speclm::weight_block_bytes(wt) * (size_t)(k / speclm::block_values(wt));
-        if (q32)
-            speclm::gemm32(wt, (const uint8_t *)w, row_bytes, 0, nrows, act32, out, (size_t)nrows, (speclm::Isa)isa_);
-        else
-            speclm::gemm(wt, (const uint8_t *)w, row_bytes, 0, nrows, act, out, (size_t)nrows, (speclm::Isa)isa_);
+        mm.gemm((const uint8_t *)w, row_bytes, 0, nrows, out, (size_t)nrows, (speclm::Isa)isa_);
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
         double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
         best = rep == 0 || ns < best ? ns : best;
