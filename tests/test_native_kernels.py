@@ -97,6 +97,19 @@ def test_odd_shapes_match_the_reference(weight_type, isa, rows, k):
                      f"{weight_type} {isa} {rows}x{k}, {ny} rows")
 
 
+
+@pytest.mark.parametrize("isa", isas())
+def test_activations_round_halves_to_even_and_take_the_first_largest_value(isa):
+    # d = 1 exactly (the largest magnitude is -127, first of a tie with +127), so every x + 0.5 lands
+    # on a half: rounding away from zero would move each such value by 1
+    rng = np.random.default_rng(11)
+    x = (rng.integers(-126, 126, size=(3, 512)) + 0.5).astype(np.float32)
+    x[:, 0], x[:, 1], x[:, 256], x[:, 300] = -127, 127, 127, -127
+    for weight_type in TYPES:
+        raw = random_blocks(weight_type, 8, 512, rng)
+        assert_close(native.gemm(weight_type, raw, 512, x, isa), reference(weight_type, raw, x), f"{weight_type} {isa}")
+
+
 def scales_mins(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A Q4_K block's twelve scale bytes (..., 12) as its eight 6-bit scales and eight 6-bit mins."""
     sc = sc.astype(np.int32)
