@@ -451,14 +451,32 @@ __attribute__((visibility("default"))) const char *speclm_kernels_interleaved_of
 
 // One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K;
 // type 0 Q4_K, 1 Q6_K, 2 Q4_K interleaved as CPU_REPACK does (nrows a multiple of 8); 3..7 Q4_0, Q4_1,
-// Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32).
+// Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32); 8..12 the same in the X16 layout
+// (speclm_repack_x16's output; nrows a multiple of 16).
 // reps > 0: compute it that many times and return the fastest one's thread CPU time in ns (the
 // quantisation of x not counted), to compare kernels on a shared machine.
+// `rows` rows of K values of 32-value format `type` (3..7 as in speclm_gemm) in ggml's layout at src, in
+// the X16 layout at dst (out = 0), or (out = 1) the X16 rows at src back in ggml's layout. 0, or -1: a type
+// or shape the layout does not take.
+__attribute__((visibility("default"))) int speclm_repack_x16(int type, const void *src, int64_t rows, int64_t k,
+                                                            void *dst, int out) {
+    auto wt = (speclm::WeightType)type;
+    if (type < 3 || type > 7) return -1;
+    if (out == 0) return speclm::repack_x16(wt, (const uint8_t *)src, rows, k, (uint8_t *)dst) ? 0 : -1;
+    if (rows % 16 || k % 32 || k <= 0) return -1;
+    const size_t row_bytes = speclm::block_bytes32(wt) * (size_t)(k / 32);
+    for (int64_t r = 0; r < rows; ++r)
+        speclm::unpack_x16_row(wt, (const uint8_t *)src, k, r, (uint8_t *)dst + r * row_bytes);
+    return 0;
+}
+
 __attribute__((visibility("default"))) double speclm_gemm(int type, const void *w, int64_t nrows, int64_t k,
                                                          const float *x, int ny, float *out, int isa_, int reps) {
-    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 7) return -1;
+    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 12) return -1;
     auto wt = (speclm::WeightType)type;
-    if (k % speclm::block_values(wt) || (wt == speclm::WeightType::Q4_K_X8 && nrows % 8)) return -1;
+    if (k % speclm::block_values(wt) || (wt == speclm::WeightType::Q4_K_X8 && nrows % 8) ||
+        (speclm::is_x16(wt) && nrows % 16))
+        return -1;
     std::vector<uint8_t> mem(activation_bytes(wt, ny, k) + 64);
     Matmul mm(wt, (void *)(((uintptr_t)mem.data() + 63) & ~(uintptr_t)63), ny, k);
     mm.quantize(x, (size_t)k, 0, ny);
