@@ -8,14 +8,17 @@
 // out (its buffer, relabelled: ggml repacks them as they load), for `speclm-repack`. Any matmul these
 // kernels decline (a row count outside the range, a shape they do not take) runs ggml's own code on
 // the same bytes: vec_dot for the first type, CPU_REPACK's kernels for the second, so on
-// `speclm-repack` a one-row decode costs what it costs on `repack`. docs/kernels.md#speclms-kernels
-// explains the contract.
+// `speclm-repack` a one-row decode costs what it costs on `repack`. CPU_SPECLM_Q32X16 holds the 32-value
+// formats with rows in sixteens, for `speclm-repack`, in speclm's own interleaved layout (X16: its buffers
+// repack each weight as it is set) and computes every matmul on them, one row included.
+// docs/kernels.md#speclms-kernels explains the contract.
 #include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -84,7 +87,7 @@ bool weight_type(int ggml_type, speclm::WeightType &out) {
 
 Ggml g;
 int op_mul_mat = -1;
-buffer_type our_type, our_x8_type;
+buffer_type our_type, our_x8_type, our_x16_type;
 buffer_type *repack_type = nullptr;  // ggml's CPU_REPACK, where Q4_K weights are interleaved
 std::atomic<bool> interleaved{false};  // Q4_K weights go to our_x8_type (else to our_type, ggml's layout)
 std::string interleaved_off = "not registered";
@@ -95,7 +98,7 @@ speclm::Isa isa = speclm::Isa::NONE;
 bool registered = false;
 
 bool in(const tensor *t, const buffer_type *type) { return t && t->buf && t->buf->buft == type; }
-bool is_ours(const tensor *t) { return in(t, &our_type) || in(t, &our_x8_type); }
+bool is_ours(const tensor *t) { return in(t, &our_type) || in(t, &our_x8_type); }  // the row range applies
 
 bool shape_ok(const tensor *op) {
     const tensor *w = op->src[0], *x = op->src[1];
@@ -112,6 +115,20 @@ bool takes(const tensor *op) {
     int ny = (int)op->src[1]->ne[1];
     return op->op == op_mul_mat && is_ours(op->src[0]) && shape_ok(op) && ny >= min_rows.load() &&
            ny <= max_rows.load();
+}
+
+// The X16 type of a 32-value weight with rows in sixteens (false: the X16 layout does not take it).
+bool x16_type(const tensor *w, speclm::WeightType &out) {
+    speclm::WeightType type;
+    if (!weight_type(w->type, type) || !speclm::is_q32(type)) return false;
+    if (w->ne[1] % 16 != 0 || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::QK32 != 0) return false;
+    out = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0 + (int)speclm::WeightType::Q4_0_X16);
+    return true;
+}
+
+bool x16_able(const tensor *w) {
+    speclm::WeightType type;
+    return x16_type(w, type);
 }
 
 constexpr int64_t CHUNK_ROWS = 64;  // weight rows a thread takes at a time (even: the AVX-512 kernel pairs rows)
@@ -147,8 +164,8 @@ struct Matmul {
 
 // The matmul on ggml's threads: activations quantised by every thread's share, then weight rows in
 // chunks. False (nothing done) where the kernels decline it.
-bool run(compute_params *p, tensor *op, speclm::WeightType type) {
-    if (!takes(op)) return false;
+bool run(compute_params *p, tensor *op, speclm::WeightType type, bool row_range = true) {
+    if (row_range && !takes(op)) return false;
     const tensor *w = op->src[0], *x = op->src[1];
     const int ny = (int)x->ne[1];
     const int64_t k = w->ne[0];
@@ -209,8 +226,32 @@ class TraitsX8 : public tensor_traits {
     static tensor_traits *repack_traits(const tensor *op) { return (tensor_traits *)op->src[0]->extra; }
 };
 
+[[noreturn]] void die(const char *what, const tensor *t) {
+    std::fprintf(stderr, "speclm: %s (%s); the X16 layout cannot serve it\n", what, t->name);
+    std::abort();
+}
+
+// Weights in the X16 layout: ggml cannot read it, so every matmul on them runs here (any row count).
+class TraitsX16 : public tensor_traits {
+  public:
+    bool work_size(int, const tensor *op, size_t &size) override {
+        speclm::WeightType type;
+        if (!x16_type(op->src[0], type)) return false;
+        size = activation_bytes(type, (int)op->src[1]->ne[1], op->src[0]->ne[0]);
+        return true;
+    }
+
+    bool compute_forward(compute_params *p, tensor *op) override {
+        speclm::WeightType type;
+        if (!x16_type(op->src[0], type) || !shape_ok(op)) die("a matmul of a shape speclm's kernels do not take", op);
+        if (!run(p, op, type, false)) die("ggml's work buffer is smaller than asked for", op);
+        return true;
+    }
+};
+
 Traits traits;
 TraitsX8 traits_x8;
+TraitsX16 traits_x16;
 
 // Whether CPU_REPACK interleaves this weight (x86: Q4_K with rows in eights), so our_x8_type may hold it.
 bool repack_interleaves(const tensor *w) { return w->type == TYPE_Q4_K && w->ne[1] % 8 == 0; }
@@ -223,8 +264,9 @@ class Extra : public extra_buffer_type {  // CPU_SPECLM
   public:
     bool supports_op(void *, const tensor *op) override {
         if (op->op != op_mul_mat || !in(op->src[0], &our_type)) return false;
-        if (loading(op) && (!claiming.load() || (interleaved.load() && repack_interleaves(op->src[0]))))
-            return false;  // not this model's, or for CPU_SPECLM_Q4KX8
+        if (loading(op) && (!claiming.load() ||
+                            (interleaved.load() && (repack_interleaves(op->src[0]) || x16_able(op->src[0])))))
+            return false;  // not this model's, or for CPU_SPECLM_Q4KX8 / CPU_SPECLM_Q32X16
         return shape_ok(op);
     }
 
@@ -246,6 +288,19 @@ class ExtraX8 : public extra_buffer_type {  // CPU_SPECLM_Q4KX8
     }
 };
 
+class ExtraX16 : public extra_buffer_type {  // CPU_SPECLM_Q32X16: MUL_MAT only (no GET_ROWS, no other op)
+  public:
+    bool supports_op(void *, const tensor *op) override {
+        if (op->op != op_mul_mat || !in(op->src[0], &our_x16_type)) return false;
+        if (loading(op) && !(claiming.load() && interleaved.load())) return false;
+        return x16_able(op->src[0]) && shape_ok(op);
+    }
+
+    tensor_traits *get_tensor_traits(const tensor *op) override {
+        return op->op == op_mul_mat && in(op->src[0], &our_x16_type) ? &traits_x16 : nullptr;
+    }
+};
+
 const char *type_get_name(buffer_type *) { return "CPU_SPECLM"; }
 const char *x8_type_get_name(buffer_type *) { return "CPU_SPECLM_Q4KX8"; }
 
@@ -260,6 +315,40 @@ size_t type_get_alignment(buffer_type *) { return g.buft_get_alignment(g.cpu_buf
 buffer *x8_type_alloc_buffer(buffer_type *bt, size_t size) {
     buffer *b = g.buft_alloc_buffer(repack_type, size);
     if (b) b->buft = bt;  // CPU_REPACK's buffer (it repacks Q4_K weights as they are set), labelled as ours
+    return b;
+}
+
+// The X16 buffer's accessors: a weight is set whole (as llama.cpp loads it) and repacked on the way in;
+// reads give ggml's layout back, whole rows at a time.
+size_t tensor_bytes(const tensor *t) { return g.row_size(t->type, t->ne[0]) * t->ne[1] * t->ne[2] * t->ne[3]; }
+
+void x16_set_tensor(buffer *, tensor *t, const void *data, size_t offset, size_t size) {
+    speclm::WeightType type;
+    if (!x16_type(t, type)) die("a tensor the X16 layout does not take was placed in its buffer", t);
+    if (offset != 0 || size != tensor_bytes(t)) die("a weight was set in parts", t);
+    auto plain = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0_X16 + (int)speclm::WeightType::Q4_0);
+    speclm::repack_x16(plain, (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
+}
+
+void x16_get_tensor(buffer *, const tensor *t, void *data, size_t offset, size_t size) {
+    speclm::WeightType type;
+    const size_t row = t->nb[1];
+    if (!x16_type(t, type) || offset % row || size % row) die("a read of part of a row", t);
+    auto plain = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0_X16 + (int)speclm::WeightType::Q4_0);
+    for (size_t r = 0; r < size / row; ++r)
+        speclm::unpack_x16_row(plain, (const uint8_t *)t->data, t->ne[0], (int64_t)(offset / row + r),
+                               (uint8_t *)data + r * row);
+}
+
+const char *x16_type_get_name(buffer_type *) { return "CPU_SPECLM_Q32X16"; }
+
+buffer *x16_type_alloc_buffer(buffer_type *bt, size_t size) {
+    buffer *b = g.buft_alloc_buffer(g.cpu_buffer_type(), size);
+    if (!b) return b;
+    b->buft = bt;  // ggml's CPU buffer, its weights repacked as they are set
+    b->iface.set_tensor = x16_set_tensor;
+    b->iface.get_tensor = x16_get_tensor;
+    b->iface.cpy_tensor = nullptr;  // ggml copies through get_tensor and set_tensor then
     return b;
 }
 
@@ -391,6 +480,7 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     if (!resolve(lib_dir) || !abi_check()) return -1;
     static Extra extra;
     static ExtraX8 extra_x8;
+    static ExtraX16 extra_x16;
     our_type.iface = {type_get_name, type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
     our_type.device = g.reg_dev_get(g.cpu_reg(), 0);
     our_type.context = &extra;
@@ -405,6 +495,12 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
         list.insert(list.begin(), &our_x8_type);
     }
     list.insert(list.begin(), &our_type);
+    if (repack_type) {  // the X16 layout belongs to `speclm-repack`, which needs CPU_REPACK's check too
+        our_x16_type.iface = {x16_type_get_name, x16_type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
+        our_x16_type.device = our_type.device;
+        our_x16_type.context = &extra_x16;
+        list.insert(list.begin(), &our_x16_type);
+    }
     // llama.cpp reads the device's copy of the list, made once at the first model load
     using get_extra = buffer_type **(*)(void *);
     auto copy = reinterpret_cast<get_extra>(g.reg_get_proc_address(g.cpu_reg(), "ggml_backend_dev_get_extra_bufts"));
@@ -413,6 +509,7 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     if (!seen) {
         list.erase(std::find(list.begin(), list.end(), &our_type));
         if (repack_type) list.erase(std::find(list.begin(), list.end(), &our_x8_type));
+        if (repack_type) list.erase(std::find(list.begin(), list.end(), &our_x16_type));
         return fail("llama.cpp already listed its buffer types (a model was loaded before speclm's kernels "
                     "registered)"), -1;
     }
