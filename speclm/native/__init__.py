@@ -8,8 +8,10 @@ for. A model then uses these kernels only when loaded while `claiming` (the `spe
 configurations); every other model runs on llama.cpp's kernels exactly as before. The `speclm`
 configuration keeps the weights in ggml's layout; `speclm-repack` keeps Q4_K weights interleaved
 as llama.cpp's CPU_REPACK lays them out (so one-row decode runs llama.cpp's repacked kernel on
-them), where that layout passes its check. Q6_K weights and the 32-value formats (Q4_0, Q4_1,
-Q5_0, Q8_0, IQ4_NL) always keep ggml's layout.
+them), where that layout passes its check, and the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0,
+IQ4_NL) with rows in sixteens in speclm's own interleaved layout (X16: every forward on them, one row
+included, runs speclm's kernels, whose floats equal those on ggml's layout). Q6_K weights always keep
+ggml's layout.
 docs/kernels.md#speclms-kernels has the whole contract.
 """
 
@@ -146,7 +148,8 @@ def status() -> Status:
 def claiming(on: bool, interleaved: bool = False):
     """Models loaded inside put their Q4_K/Q6_K and 32-value-format (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL)
     matmul weights in speclm's buffer (on) or not;
-    interleaved: Q4_K weights in CPU_REPACK's layout (see `interleaved_off`)."""
+    interleaved: Q4_K weights in CPU_REPACK's layout (see `interleaved_off`), the 32-value formats
+    with rows in sixteens in speclm's X16 layout."""
     if _lib is None:
         if on:
             raise RuntimeError(f"speclm's kernels are not available: {status().reason}")
