@@ -263,8 +263,12 @@ __attribute__((target(SPECLM_AVX512))) inline __m512 ordered_finish(const Ordere
     return T::MIN ? _mm512_add_ps(sum, a.summs) : sum;
 }
 
-// The four bytes at p summed (a lane's share of an activation block's Σq, for the +128 shift).
-inline int sum4(const int8_t *p) { return p[0] + p[1] + p[2] + p[3]; }
+// -OFF · (q[4k] + .. + q[4k+3]) for k = 0..7: each lane's share of the +OFF shift, as vpdpbusd's start.
+__attribute__((target(SPECLM_AVX2))) inline void shares(const int8_t *q, int off, int32_t out[8]) {
+    const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)q));
+    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    _mm256_storeu_si256((__m256i *)out, _mm256_mullo_epi32(s32, _mm256_set1_epi32(-off)));
+}
 
 template <typename T, typename S>
 __attribute__((target(SPECLM_AVX512))) void gemm32_ordered_avx512(const S &src, int64_t r0, int64_t r1,
@@ -286,9 +290,11 @@ __attribute__((target(SPECLM_AVX512))) void gemm32_ordered_avx512(const S &src, 
             for (int j = 0; j < n; ++j) {
                 const int8_t *q = act.qs + (at + j) * QK32;
                 const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(act.d[at + j]));
+                int32_t start[8] = {};
+                if (T::OFF512) shares(q, T::OFF512, start);
                 for (int k = 0; k < 8; ++k) {
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wt[k], _mm512_set1_epi32(int_at(q + 4 * k)));
-                    if (T::OFF512) p = _mm512_sub_epi32(p, _mm512_set1_epi32(T::OFF512 * sum4(q + 4 * k)));
+                    const __m512i p = _mm512_dpbusd_epi32(_mm512_set1_epi32(start[k]), wt[k],
+                                                          _mm512_set1_epi32(int_at(q + 4 * k)));
                     acc[j].k[k] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[j].k[k]);
                 }
                 if (T::MIN) acc[j].summs = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[at + j]), acc[j].summs);
