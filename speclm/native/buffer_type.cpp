@@ -12,11 +12,8 @@
 // formats with rows in sixteens, for `speclm-repack`, in speclm's own interleaved layout (X16: its buffers
 // repack each weight as it is set) and computes every matmul on them, one row included.
 // docs/kernels.md#speclms-kernels explains the contract.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,52 +21,12 @@
 #include <string>
 #include <vector>
 
-#include "ggml_abi.h"
+#include "ggml_link.h"
 #include "quant_gemm.h"
 
 using namespace speclm_abi;
 
 namespace {
-
-struct init_params {  // struct ggml_init_params
-    size_t mem_size;
-    void *mem_buffer;
-    bool no_alloc;
-};
-
-// ggml's functions, looked up at registration
-struct Ggml {
-    buffer_type *(*cpu_buffer_type)();
-    buffer *(*buft_alloc_buffer)(buffer_type *, size_t);
-    size_t (*buft_get_alignment)(buffer_type *);
-    bool (*buft_is_host)(buffer_type *);
-    buffer_type *(*buffer_get_type)(buffer *);
-    size_t (*buffer_get_size)(buffer *);
-    void (*buffer_free)(buffer *);
-    void *(*cpu_reg)();
-    void *(*reg_dev_get)(void *, size_t);
-    void *(*reg_get_proc_address)(void *, const char *);
-    const char *(*op_name)(int);
-    const char *(*type_name)(int);
-    size_t (*row_size)(int, int64_t);
-    void *(*init)(struct init_params);
-    void (*free)(void *);
-    tensor *(*new_tensor_2d)(void *, int, int64_t, int64_t);
-    tensor *(*mul_mat)(void *, tensor *, tensor *);
-    void *(*get_data)(const tensor *);
-    void (*barrier)(void *);
-    void (*chunk_set)(void *, int);
-    int (*chunk_add)(void *, int);
-    std::vector<buffer_type *> &(*extra_buffer_types)();
-    int (*tensor_alloc)(buffer *, tensor *, void *);
-    void (*tensor_set)(tensor *, const void *, size_t, size_t);
-    void *(*buffer_get_base)(buffer *);
-    size_t (*tiled_wdata_size)(int, tensor *);
-};
-
-// ggml's type numbers, checked by name at registration
-constexpr int TYPE_F32 = 0, TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q8_0 = 8, TYPE_Q8_1 = 9, TYPE_Q4_K = 12,
-              TYPE_Q6_K = 14, TYPE_Q8_K = 15, TYPE_IQ4_NL = 20;
 
 // The kernels' name for a ggml weight type; false: not one they take.
 bool weight_type(int ggml_type, speclm::WeightType &out) {
@@ -85,8 +42,6 @@ bool weight_type(int ggml_type, speclm::WeightType &out) {
     }
 }
 
-Ggml g;
-int op_mul_mat = -1;
 buffer_type our_type, our_x8_type, our_x16_type;
 buffer_type *repack_type = nullptr;  // ggml's CPU_REPACK, where Q4_K weights are interleaved
 std::atomic<bool> interleaved{false};  // Q4_K weights go to our_x8_type (else to our_type, ggml's layout)
@@ -122,6 +77,8 @@ bool x16_type(const tensor *w, speclm::WeightType &out) {
     speclm::WeightType type;
     if (!weight_type(w->type, type) || !speclm::is_q32(type)) return false;
     if (w->ne[1] % 16 != 0 || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::QK32 != 0) return false;
+    if (w->nb[1] != g.row_size(w->type, w->ne[0]) || (w->view_src && w->view_offs % (16 * w->nb[1])))
+        return false;  // rows not packed, or a view that does not start at a group of sixteen
     out = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0 + (int)speclm::WeightType::Q4_0_X16);
     return true;
 }
@@ -352,54 +309,6 @@ buffer *x16_type_alloc_buffer(buffer_type *bt, size_t size) {
     return b;
 }
 
-std::string error;
-
-bool fail(const char *fmt, ...) {
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    error = buf;
-    return false;
-}
-
-template <typename F> bool find(void *lib, const char *name, F &fn) {
-    fn = reinterpret_cast<F>(dlsym(lib, name));
-    return fn != nullptr || fail("symbol %s not found in llama.cpp's libraries", name);
-}
-
-// The library llama_cpp loaded (by its soname, as libllama.so's dependencies name it, or its path).
-bool open_lib(const std::string &dir, const char *name, void *&lib) {
-    for (const std::string &path : {std::string(name) + ".0", dir + "/" + name + ".0", dir + "/" + name})
-        if ((lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) != nullptr) return true;
-    return fail("%s/%s is not loaded in this process (import llama_cpp first)", dir.c_str(), name);
-}
-
-bool resolve(const std::string &dir) {
-    void *base, *cpu;
-    return open_lib(dir, "libggml-base.so", base) && open_lib(dir, "libggml-cpu.so", cpu) &&
-           find(base, "ggml_backend_cpu_buffer_type", g.cpu_buffer_type) &&
-           find(base, "ggml_backend_buft_alloc_buffer", g.buft_alloc_buffer) &&
-           find(base, "ggml_backend_buft_get_alignment", g.buft_get_alignment) &&
-           find(base, "ggml_backend_buft_is_host", g.buft_is_host) &&
-           find(base, "ggml_backend_buffer_get_type", g.buffer_get_type) &&
-           find(base, "ggml_backend_buffer_get_size", g.buffer_get_size) &&
-           find(base, "ggml_backend_buffer_free", g.buffer_free) && find(cpu, "ggml_backend_cpu_reg", g.cpu_reg) &&
-           find(base, "ggml_backend_reg_dev_get", g.reg_dev_get) &&
-           find(base, "ggml_backend_reg_get_proc_address", g.reg_get_proc_address) &&
-           find(base, "ggml_op_name", g.op_name) && find(base, "ggml_type_name", g.type_name) &&
-           find(base, "ggml_row_size", g.row_size) && find(base, "ggml_init", g.init) &&
-           find(base, "ggml_free", g.free) && find(base, "ggml_new_tensor_2d", g.new_tensor_2d) &&
-           find(base, "ggml_mul_mat", g.mul_mat) && find(base, "ggml_get_data", g.get_data) &&
-           find(cpu, "ggml_barrier", g.barrier) && find(cpu, "ggml_threadpool_chunk_set", g.chunk_set) &&
-           find(cpu, "ggml_threadpool_chunk_add", g.chunk_add) &&
-           find(cpu, "_Z39ggml_backend_cpu_get_extra_buffer_typesv", g.extra_buffer_types) &&
-           find(base, "ggml_backend_tensor_alloc", g.tensor_alloc) && find(base, "ggml_backend_tensor_set", g.tensor_set) &&
-           find(base, "ggml_backend_buffer_get_base", g.buffer_get_base) &&
-           find(cpu, "ggml_tiled_wdata_size", g.tiled_wdata_size);
-}
-
 // CPU_REPACK in the list, checked to interleave Q4_K as x8_row_block reads it: eight rows of random
 // blocks set through ggml (which repacks them) must read back, row by row, as they were given.
 // Returns "" or why the interleaved kernels stay off (Q4_K weights then keep ggml's layout).
@@ -429,41 +338,6 @@ std::string check_repack(std::vector<buffer_type *> &list) {
     if (buf) g.buffer_free(buf);
     g.free(ctx);
     return why;
-}
-
-// The layouts in ggml_abi.h against the loaded library: a tensor and a matmul made by ggml, a
-// buffer allocated by ggml, the type numbers by their names.
-bool abi_check() {
-    // each type ggml numbers here, by name, with the bytes of one 256-value row
-    const struct { int type; const char *name; size_t bytes; } types[] = {
-        {TYPE_F32, "f32", 1024},  {TYPE_Q4_0, "q4_0", 144}, {TYPE_Q4_1, "q4_1", 160}, {TYPE_Q5_0, "q5_0", 176},
-        {TYPE_Q8_0, "q8_0", 272}, {TYPE_Q8_1, "q8_1", 288}, {TYPE_Q4_K, "q4_K", 144}, {TYPE_Q6_K, "q6_K", 210},
-        {TYPE_Q8_K, "q8_K", 292}, {TYPE_IQ4_NL, "iq4_nl", 144}};
-    for (const auto &t : types) {
-        const char *got = g.type_name(t.type);
-        if (!got || std::strcmp(got, t.name) != 0)
-            return fail("ggml type %d is %s, expected %s", t.type, got ? got : "?", t.name);
-        if (g.row_size(t.type, 256) != t.bytes)
-            return fail("ggml's %s rows of 256 values are %zu bytes, expected %zu", t.name, g.row_size(t.type, 256),
-                        t.bytes);
-    }
-    void *ctx = g.init({1 << 20, nullptr, false});
-    if (!ctx) return fail("ggml_init failed");
-    tensor *a = g.new_tensor_2d(ctx, TYPE_Q4_K, 512, 3), *b = g.new_tensor_2d(ctx, TYPE_F32, 512, 2);
-    tensor *c = g.mul_mat(ctx, a, b);
-    bool ok = a->type == TYPE_Q4_K && a->ne[0] == 512 && a->ne[1] == 3 && a->nb[1] == 288 && a->buf == nullptr &&
-              a->data == g.get_data(a) && c->src[0] == a && c->src[1] == b && c->ne[0] == 3 && c->ne[1] == 2 &&
-              c->nb[1] == 12;
-    op_mul_mat = c->op;
-    const char *op = g.op_name(c->op);
-    g.free(ctx);
-    if (!ok) return fail("ggml_tensor's layout differs from the one speclm was written for");
-    if (!op || std::strcmp(op, "MUL_MAT") != 0) return fail("ggml_tensor's op field is not where speclm expects it");
-    buffer *buf = g.buft_alloc_buffer(g.cpu_buffer_type(), 4096);
-    if (!buf) return fail("ggml could not allocate a 4 KiB CPU buffer");
-    ok = buf->buft == g.buffer_get_type(buf) && buf->size == g.buffer_get_size(buf);
-    g.buffer_free(buf);
-    return ok || fail("ggml_backend_buffer's layout differs from the one speclm was written for");
 }
 
 }  // namespace
@@ -517,12 +391,13 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     return 0;
 }
 
-__attribute__((visibility("default"))) const char *speclm_kernels_error() { return error.c_str(); }
+__attribute__((visibility("default"))) const char *speclm_kernels_error() { return last_error(); }
 
 // Whether models loaded from now on put their matmul weights of the types above in speclm's buffer.
 __attribute__((visibility("default"))) void speclm_kernels_claim(int on) { claiming = on != 0; }
 
-// The matmuls speclm computes: those over min..max activation rows (others run ggml's kernels).
+// The matmuls speclm computes: those over min..max activation rows (others run ggml's kernels), and on
+// weights in the X16 layout every one.
 __attribute__((visibility("default"))) void speclm_kernels_rows(int lo, int hi) {
     min_rows = lo;
     max_rows = hi;
