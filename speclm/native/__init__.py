@@ -134,7 +134,8 @@ def register(llama_lib_dir: Path) -> Status:
     _lib = loaded
     isa = force_isa(wanted) if wanted else ISAS.get(loaded.speclm_kernels_isa(0), "?")
     off = interleaved_off()
-    q4k = "Q4_K in ggml's layout or CPU_REPACK's" if off is None else f"Q4_K in ggml's layout only: {off}"
+    q4k = ("Q4_K in ggml's layout or CPU_REPACK's, the 32-value formats in ggml's or speclm's X16 (every row count)"
+           if off is None else f"Q4_K and the 32-value formats in ggml's layout only: {off}")
     _status = Status(True, f"{isa} for {lo}-{hi} rows; {q4k}", isa)
     return _status
 
