@@ -55,6 +55,19 @@ def test_every_row_count_gives_the_ggml_layouts_floats(weight_type, isa, k):
             assert_close(got, reference(weight_type, raw, x), f"{weight_type} {isa} k={k} {ny} rows")
 
 
+@pytest.mark.parametrize("weight_type", TYPES)
+@pytest.mark.parametrize("isa", isas())
+def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it(weight_type, isa):
+    # what keeps a one-row decode's logits equal to that row's in a verify block
+    rng = np.random.default_rng(11)
+    raw = random_blocks(weight_type, 32, 320, rng)
+    x = rng.standard_normal((130, 320)).astype(np.float32)
+    block = native.gemm(weight_type + "_x16", raw, 320, x, isa)
+    for j in (0, 1, 63, 64, 65, 129):
+        same_bits(native.gemm(weight_type + "_x16", raw, 320, x[j:j + 1], isa), block[j:j + 1],
+                  f"{weight_type} {isa} row {j} of 130")
+
+
 @pytest.mark.parametrize("isa", isas())
 def test_extreme_blocks_give_the_ggml_layouts_floats(isa):
     rng = np.random.default_rng(5)
@@ -118,6 +131,12 @@ def test_a_tied_embedding_stays_in_ggmls_layout_and_its_output_copy_is_repacked(
     assert log.count("loading tensor token_embd.weight") == 2, "the tied head is loaded as a second tensor"
     assert "tensor 'token_embd.weight' (q8_0)" in log and "using CPU instead" in log
     assert "CPU_SPECLM_Q32X16 model buffer size" in log
+    # on `speclm` the same weights keep ggml's layout (CPU_SPECLM)
+    proc = subprocess.run([sys.executable, "-c", LOAD_LOG, "speclm+tiled", "smollm2-135m"], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "CPU_SPECLM model buffer size" in proc.stderr
+    assert "CPU_SPECLM_Q32X16 model buffer size" not in proc.stderr
 
 
 @pytest.fixture(scope="module")
