@@ -7,7 +7,8 @@ A configuration is two switches (docs/kernels.md):
   (speclm's own multi-row kernels for Q4_K, Q6_K and the 32-value formats Q4_0, Q4_1,
   Q5_0, Q8_0, IQ4_NL in ggml's layout, the rest repacked: speclm.native), "speclm-repack" (the same kernels, Q4_K weights
   kept in CPU_REPACK's interleaved layout, so one-row forwards run CPU_REPACK's
-  kernel) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
+  kernel, and the 32-value formats in speclm's own interleaved X16 layout, on which
+  speclm's kernels compute every forward, one row included) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
 - tiled: llama.cpp's tiled multi-row matmul for weights that are not repacked
   (`GGML_CPU_TILED_MM`, used at 8 rows and more).
 

@@ -8,8 +8,10 @@ for. A model then uses these kernels only when loaded while `claiming` (the `spe
 configurations); every other model runs on llama.cpp's kernels exactly as before. The `speclm`
 configuration keeps the weights in ggml's layout; `speclm-repack` keeps Q4_K weights interleaved
 as llama.cpp's CPU_REPACK lays them out (so one-row decode runs llama.cpp's repacked kernel on
-them), where that layout passes its check. Q6_K weights and the 32-value formats (Q4_0, Q4_1,
-Q5_0, Q8_0, IQ4_NL) always keep ggml's layout.
+them), where that layout passes its check, and the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0,
+IQ4_NL) with rows in sixteens in speclm's own interleaved layout (X16: every forward on them, one row
+included, runs speclm's kernels, whose floats equal those on ggml's layout). Q6_K weights always keep
+ggml's layout.
 docs/kernels.md#speclms-kernels has the whole contract.
 """
 
@@ -31,7 +33,10 @@ ROWS = (2, 64)  # one-row decode stays on llama.cpp's kernels; prefill chunks pa
 ISAS = {1: "avx2", 2: "avx512-vnni"}
 # q4_K_x8: eight rows interleaved as CPU_REPACK does; q4_0 .. iq4_nl: the 32-value block formats, their
 # activations quantised per 32 values as ggml's Q8_0 does (quant_gemm.h: Activations32)
-WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2, "q4_0": 3, "q4_1": 4, "q5_0": 5, "q8_0": 6, "iq4_nl": 7}
+# q4_0_x16 .. iq4_nl_x16: the same formats in speclm's interleaved layout (quant_gemm_q32x16.cpp; `gemm` repacks
+# the GGUF bytes it is given)
+WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2, "q4_0": 3, "q4_1": 4, "q5_0": 5, "q8_0": 6, "iq4_nl": 7,
+                "q4_0_x16": 8, "q4_1_x16": 9, "q5_0_x16": 10, "q8_0_x16": 11, "iq4_nl_x16": 12}
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,8 @@ def _load() -> ctypes.CDLL | str:
     lib.speclm_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.speclm_gemm.restype = ctypes.c_double
+    lib.speclm_repack_x16.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                      ctypes.c_int]
     return lib
 
 
@@ -127,7 +134,8 @@ def register(llama_lib_dir: Path) -> Status:
     _lib = loaded
     isa = force_isa(wanted) if wanted else ISAS.get(loaded.speclm_kernels_isa(0), "?")
     off = interleaved_off()
-    q4k = "Q4_K in ggml's layout or CPU_REPACK's" if off is None else f"Q4_K in ggml's layout only: {off}"
+    q4k = ("Q4_K in ggml's layout or CPU_REPACK's, the 32-value formats in ggml's or speclm's X16 (every row count)"
+           if off is None else f"Q4_K and the 32-value formats in ggml's layout only: {off}")
     _status = Status(True, f"{isa} for {lo}-{hi} rows; {q4k}", isa)
     return _status
 
@@ -141,7 +149,8 @@ def status() -> Status:
 def claiming(on: bool, interleaved: bool = False):
     """Models loaded inside put their Q4_K/Q6_K and 32-value-format (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL)
     matmul weights in speclm's buffer (on) or not;
-    interleaved: Q4_K weights in CPU_REPACK's layout (see `interleaved_off`)."""
+    interleaved: Q4_K weights in CPU_REPACK's layout (see `interleaved_off`), the 32-value formats
+    with rows in sixteens in speclm's X16 layout."""
     if _lib is None:
         if on:
             raise RuntimeError(f"speclm's kernels are not available: {status().reason}")
@@ -178,15 +187,35 @@ def force_isa(name: str) -> str:
     return ISAS[_lib.speclm_kernels_isa(code)]
 
 
-def gemm(weight_type: str, blocks: np.ndarray, k: int, x: np.ndarray, isa: str, reps: int = 0) -> np.ndarray | float:
-    """out[j, r] = W[r] . x[j] by speclm's kernels, outside llama.cpp (tests): `blocks` holds the
-    weight rows' raw GGUF bytes (rows x bytes per row; q4_K_x8: the same bytes interleaved eight rows
-    at a time, as CPU_REPACK lays them out), x is (rows, k) float32. reps > 0: return
-    the fastest of `reps` runs' thread CPU time in seconds instead (x's quantisation not counted)."""
+def _library() -> ctypes.CDLL:
     lib = _lib if _lib is not None else _load()
     if isinstance(lib, str):
         raise RuntimeError(lib)
+    return lib
+
+
+def repack_x16(weight_type: str, blocks: np.ndarray, k: int, back: bool = False) -> np.ndarray:
+    """A 32-value format's rows (raw GGUF bytes, rows x bytes per row; rows a multiple of 16) in speclm's
+    X16 layout, or (back) X16 rows in ggml's layout again; weight_type: "q4_0" .. "iq4_nl"."""
+    lib = _library()
     blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+    out = np.empty_like(blocks)
+    if lib.speclm_repack_x16(WEIGHT_TYPES[weight_type], blocks.ctypes.data, blocks.shape[0], k, out.ctypes.data,
+                             int(back)) != 0:
+        raise ValueError(f"the X16 layout does not take {weight_type} {blocks.shape[0]}x{k}")
+    return out
+
+
+def gemm(weight_type: str, blocks: np.ndarray, k: int, x: np.ndarray, isa: str, reps: int = 0) -> np.ndarray | float:
+    """out[j, r] = W[r] . x[j] by speclm's kernels, outside llama.cpp (tests): `blocks` holds the
+    weight rows' raw GGUF bytes (rows x bytes per row; q4_K_x8: the same bytes interleaved eight rows
+    at a time, as CPU_REPACK lays them out; the _x16 types: GGUF bytes, repacked here first), x is
+    (rows, k) float32. reps > 0: return the fastest of `reps` runs' thread CPU time in seconds instead
+    (x's quantisation and the repacking not counted)."""
+    lib = _library()
+    blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+    if weight_type.endswith("_x16"):
+        blocks = repack_x16(weight_type[:-4], blocks, k)
     x = np.ascontiguousarray(x, dtype=np.float32)
     out = np.empty((x.shape[0], blocks.shape[0]), dtype=np.float32)
     code = {v: c for c, v in ISAS.items()}[isa]

@@ -8,65 +8,25 @@
 // out (its buffer, relabelled: ggml repacks them as they load), for `speclm-repack`. Any matmul these
 // kernels decline (a row count outside the range, a shape they do not take) runs ggml's own code on
 // the same bytes: vec_dot for the first type, CPU_REPACK's kernels for the second, so on
-// `speclm-repack` a one-row decode costs what it costs on `repack`. docs/kernels.md#speclms-kernels
-// explains the contract.
-#include <dlfcn.h>
-
+// `speclm-repack` a one-row decode costs what it costs on `repack`. CPU_SPECLM_Q32X16 holds the 32-value
+// formats with rows in sixteens, for `speclm-repack`, in speclm's own interleaved layout (X16: its buffers
+// repack each weight as it is set) and computes every matmul on them, one row included.
+// docs/kernels.md#speclms-kernels explains the contract.
 #include <algorithm>
 #include <atomic>
-#include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
 #include <vector>
 
-#include "ggml_abi.h"
+#include "ggml_link.h"
 #include "quant_gemm.h"
 
 using namespace speclm_abi;
 
 namespace {
-
-struct init_params {  // struct ggml_init_params
-    size_t mem_size;
-    void *mem_buffer;
-    bool no_alloc;
-};
-
-// ggml's functions, looked up at registration
-struct Ggml {
-    buffer_type *(*cpu_buffer_type)();
-    buffer *(*buft_alloc_buffer)(buffer_type *, size_t);
-    size_t (*buft_get_alignment)(buffer_type *);
-    bool (*buft_is_host)(buffer_type *);
-    buffer_type *(*buffer_get_type)(buffer *);
-    size_t (*buffer_get_size)(buffer *);
-    void (*buffer_free)(buffer *);
-    void *(*cpu_reg)();
-    void *(*reg_dev_get)(void *, size_t);
-    void *(*reg_get_proc_address)(void *, const char *);
-    const char *(*op_name)(int);
-    const char *(*type_name)(int);
-    size_t (*row_size)(int, int64_t);
-    void *(*init)(struct init_params);
-    void (*free)(void *);
-    tensor *(*new_tensor_2d)(void *, int, int64_t, int64_t);
-    tensor *(*mul_mat)(void *, tensor *, tensor *);
-    void *(*get_data)(const tensor *);
-    void (*barrier)(void *);
-    void (*chunk_set)(void *, int);
-    int (*chunk_add)(void *, int);
-    std::vector<buffer_type *> &(*extra_buffer_types)();
-    int (*tensor_alloc)(buffer *, tensor *, void *);
-    void (*tensor_set)(tensor *, const void *, size_t, size_t);
-    void *(*buffer_get_base)(buffer *);
-    size_t (*tiled_wdata_size)(int, tensor *);
-};
-
-// ggml's type numbers, checked by name at registration
-constexpr int TYPE_F32 = 0, TYPE_Q4_0 = 2, TYPE_Q4_1 = 3, TYPE_Q5_0 = 6, TYPE_Q8_0 = 8, TYPE_Q8_1 = 9, TYPE_Q4_K = 12,
-              TYPE_Q6_K = 14, TYPE_Q8_K = 15, TYPE_IQ4_NL = 20;
 
 // The kernels' name for a ggml weight type; false: not one they take.
 bool weight_type(int ggml_type, speclm::WeightType &out) {
@@ -82,9 +42,7 @@ bool weight_type(int ggml_type, speclm::WeightType &out) {
     }
 }
 
-Ggml g;
-int op_mul_mat = -1;
-buffer_type our_type, our_x8_type;
+buffer_type our_type, our_x8_type, our_x16_type;
 buffer_type *repack_type = nullptr;  // ggml's CPU_REPACK, where Q4_K weights are interleaved
 std::atomic<bool> interleaved{false};  // Q4_K weights go to our_x8_type (else to our_type, ggml's layout)
 std::string interleaved_off = "not registered";
@@ -95,7 +53,7 @@ speclm::Isa isa = speclm::Isa::NONE;
 bool registered = false;
 
 bool in(const tensor *t, const buffer_type *type) { return t && t->buf && t->buf->buft == type; }
-bool is_ours(const tensor *t) { return in(t, &our_type) || in(t, &our_x8_type); }
+bool is_ours(const tensor *t) { return in(t, &our_type) || in(t, &our_x8_type); }  // the row range applies
 
 bool shape_ok(const tensor *op) {
     const tensor *w = op->src[0], *x = op->src[1];
@@ -112,6 +70,22 @@ bool takes(const tensor *op) {
     int ny = (int)op->src[1]->ne[1];
     return op->op == op_mul_mat && is_ours(op->src[0]) && shape_ok(op) && ny >= min_rows.load() &&
            ny <= max_rows.load();
+}
+
+// The X16 type of a 32-value weight with rows in sixteens (false: the X16 layout does not take it).
+bool x16_type(const tensor *w, speclm::WeightType &out) {
+    speclm::WeightType type;
+    if (!weight_type(w->type, type) || !speclm::is_q32(type)) return false;
+    if (w->ne[1] % 16 != 0 || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::QK32 != 0) return false;
+    if (w->nb[1] != g.row_size(w->type, w->ne[0]) || (w->view_src && w->view_offs % (16 * w->nb[1])))
+        return false;  // rows not packed, or a view that does not start at a group of sixteen
+    out = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0 + (int)speclm::WeightType::Q4_0_X16);
+    return true;
+}
+
+bool x16_able(const tensor *w) {
+    speclm::WeightType type;
+    return x16_type(w, type);
 }
 
 constexpr int64_t CHUNK_ROWS = 64;  // weight rows a thread takes at a time (even: the AVX-512 kernel pairs rows)
@@ -147,8 +121,8 @@ struct Matmul {
 
 // The matmul on ggml's threads: activations quantised by every thread's share, then weight rows in
 // chunks. False (nothing done) where the kernels decline it.
-bool run(compute_params *p, tensor *op, speclm::WeightType type) {
-    if (!takes(op)) return false;
+bool run(compute_params *p, tensor *op, speclm::WeightType type, bool row_range = true) {
+    if (row_range && !takes(op)) return false;
     const tensor *w = op->src[0], *x = op->src[1];
     const int ny = (int)x->ne[1];
     const int64_t k = w->ne[0];
@@ -209,8 +183,32 @@ class TraitsX8 : public tensor_traits {
     static tensor_traits *repack_traits(const tensor *op) { return (tensor_traits *)op->src[0]->extra; }
 };
 
+[[noreturn]] void die(const char *what, const tensor *t) {
+    std::fprintf(stderr, "speclm: %s (%s); the X16 layout cannot serve it\n", what, t->name);
+    std::abort();
+}
+
+// Weights in the X16 layout: ggml cannot read it, so every matmul on them runs here (any row count).
+class TraitsX16 : public tensor_traits {
+  public:
+    bool work_size(int, const tensor *op, size_t &size) override {
+        speclm::WeightType type;
+        if (!x16_type(op->src[0], type)) return false;
+        size = activation_bytes(type, (int)op->src[1]->ne[1], op->src[0]->ne[0]);
+        return true;
+    }
+
+    bool compute_forward(compute_params *p, tensor *op) override {
+        speclm::WeightType type;
+        if (!x16_type(op->src[0], type) || !shape_ok(op)) die("a matmul of a shape speclm's kernels do not take", op);
+        if (!run(p, op, type, false)) die("ggml's work buffer is smaller than asked for", op);
+        return true;
+    }
+};
+
 Traits traits;
 TraitsX8 traits_x8;
+TraitsX16 traits_x16;
 
 // Whether CPU_REPACK interleaves this weight (x86: Q4_K with rows in eights), so our_x8_type may hold it.
 bool repack_interleaves(const tensor *w) { return w->type == TYPE_Q4_K && w->ne[1] % 8 == 0; }
@@ -223,8 +221,9 @@ class Extra : public extra_buffer_type {  // CPU_SPECLM
   public:
     bool supports_op(void *, const tensor *op) override {
         if (op->op != op_mul_mat || !in(op->src[0], &our_type)) return false;
-        if (loading(op) && (!claiming.load() || (interleaved.load() && repack_interleaves(op->src[0]))))
-            return false;  // not this model's, or for CPU_SPECLM_Q4KX8
+        if (loading(op) && (!claiming.load() ||
+                            (interleaved.load() && (repack_interleaves(op->src[0]) || x16_able(op->src[0])))))
+            return false;  // not this model's, or for CPU_SPECLM_Q4KX8 / CPU_SPECLM_Q32X16
         return shape_ok(op);
     }
 
@@ -246,6 +245,19 @@ class ExtraX8 : public extra_buffer_type {  // CPU_SPECLM_Q4KX8
     }
 };
 
+class ExtraX16 : public extra_buffer_type {  // CPU_SPECLM_Q32X16: MUL_MAT only (no GET_ROWS, no other op)
+  public:
+    bool supports_op(void *, const tensor *op) override {
+        if (op->op != op_mul_mat || !in(op->src[0], &our_x16_type)) return false;
+        if (loading(op) && !(claiming.load() && interleaved.load())) return false;
+        return x16_able(op->src[0]) && shape_ok(op);
+    }
+
+    tensor_traits *get_tensor_traits(const tensor *op) override {
+        return op->op == op_mul_mat && in(op->src[0], &our_x16_type) ? &traits_x16 : nullptr;
+    }
+};
+
 const char *type_get_name(buffer_type *) { return "CPU_SPECLM"; }
 const char *x8_type_get_name(buffer_type *) { return "CPU_SPECLM_Q4KX8"; }
 
@@ -263,52 +275,38 @@ buffer *x8_type_alloc_buffer(buffer_type *bt, size_t size) {
     return b;
 }
 
-std::string error;
+// The X16 buffer's accessors: a weight is set whole (as llama.cpp loads it) and repacked on the way in;
+// reads give ggml's layout back, whole rows at a time.
+size_t tensor_bytes(const tensor *t) { return g.row_size(t->type, t->ne[0]) * t->ne[1] * t->ne[2] * t->ne[3]; }
 
-bool fail(const char *fmt, ...) {
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    error = buf;
-    return false;
+void x16_set_tensor(buffer *, tensor *t, const void *data, size_t offset, size_t size) {
+    speclm::WeightType type;
+    if (!x16_type(t, type)) die("a tensor the X16 layout does not take was placed in its buffer", t);
+    if (offset != 0 || size != tensor_bytes(t)) die("a weight was set in parts", t);
+    auto plain = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0_X16 + (int)speclm::WeightType::Q4_0);
+    speclm::repack_x16(plain, (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
 }
 
-template <typename F> bool find(void *lib, const char *name, F &fn) {
-    fn = reinterpret_cast<F>(dlsym(lib, name));
-    return fn != nullptr || fail("symbol %s not found in llama.cpp's libraries", name);
+void x16_get_tensor(buffer *, const tensor *t, void *data, size_t offset, size_t size) {
+    speclm::WeightType type;
+    const size_t row = t->nb[1];
+    if (!x16_type(t, type) || offset % row || size % row) die("a read of part of a row", t);
+    auto plain = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0_X16 + (int)speclm::WeightType::Q4_0);
+    for (size_t r = 0; r < size / row; ++r)
+        speclm::unpack_x16_row(plain, (const uint8_t *)t->data, t->ne[0], (int64_t)(offset / row + r),
+                               (uint8_t *)data + r * row);
 }
 
-// The library llama_cpp loaded (by its soname, as libllama.so's dependencies name it, or its path).
-bool open_lib(const std::string &dir, const char *name, void *&lib) {
-    for (const std::string &path : {std::string(name) + ".0", dir + "/" + name + ".0", dir + "/" + name})
-        if ((lib = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) != nullptr) return true;
-    return fail("%s/%s is not loaded in this process (import llama_cpp first)", dir.c_str(), name);
-}
+const char *x16_type_get_name(buffer_type *) { return "CPU_SPECLM_Q32X16"; }
 
-bool resolve(const std::string &dir) {
-    void *base, *cpu;
-    return open_lib(dir, "libggml-base.so", base) && open_lib(dir, "libggml-cpu.so", cpu) &&
-           find(base, "ggml_backend_cpu_buffer_type", g.cpu_buffer_type) &&
-           find(base, "ggml_backend_buft_alloc_buffer", g.buft_alloc_buffer) &&
-           find(base, "ggml_backend_buft_get_alignment", g.buft_get_alignment) &&
-           find(base, "ggml_backend_buft_is_host", g.buft_is_host) &&
-           find(base, "ggml_backend_buffer_get_type", g.buffer_get_type) &&
-           find(base, "ggml_backend_buffer_get_size", g.buffer_get_size) &&
-           find(base, "ggml_backend_buffer_free", g.buffer_free) && find(cpu, "ggml_backend_cpu_reg", g.cpu_reg) &&
-           find(base, "ggml_backend_reg_dev_get", g.reg_dev_get) &&
-           find(base, "ggml_backend_reg_get_proc_address", g.reg_get_proc_address) &&
-           find(base, "ggml_op_name", g.op_name) && find(base, "ggml_type_name", g.type_name) &&
-           find(base, "ggml_row_size", g.row_size) && find(base, "ggml_init", g.init) &&
-           find(base, "ggml_free", g.free) && find(base, "ggml_new_tensor_2d", g.new_tensor_2d) &&
-           find(base, "ggml_mul_mat", g.mul_mat) && find(base, "ggml_get_data", g.get_data) &&
-           find(cpu, "ggml_barrier", g.barrier) && find(cpu, "ggml_threadpool_chunk_set", g.chunk_set) &&
-           find(cpu, "ggml_threadpool_chunk_add", g.chunk_add) &&
-           find(cpu, "_Z39ggml_backend_cpu_get_extra_buffer_typesv", g.extra_buffer_types) &&
-           find(base, "ggml_backend_tensor_alloc", g.tensor_alloc) && find(base, "ggml_backend_tensor_set", g.tensor_set) &&
-           find(base, "ggml_backend_buffer_get_base", g.buffer_get_base) &&
-           find(cpu, "ggml_tiled_wdata_size", g.tiled_wdata_size);
+buffer *x16_type_alloc_buffer(buffer_type *bt, size_t size) {
+    buffer *b = g.buft_alloc_buffer(g.cpu_buffer_type(), size);
+    if (!b) return b;
+    b->buft = bt;  // ggml's CPU buffer, its weights repacked as they are set
+    b->iface.set_tensor = x16_set_tensor;
+    b->iface.get_tensor = x16_get_tensor;
+    b->iface.cpy_tensor = nullptr;  // ggml copies through get_tensor and set_tensor then
+    return b;
 }
 
 // CPU_REPACK in the list, checked to interleave Q4_K as x8_row_block reads it: eight rows of random
@@ -342,41 +340,6 @@ std::string check_repack(std::vector<buffer_type *> &list) {
     return why;
 }
 
-// The layouts in ggml_abi.h against the loaded library: a tensor and a matmul made by ggml, a
-// buffer allocated by ggml, the type numbers by their names.
-bool abi_check() {
-    // each type ggml numbers here, by name, with the bytes of one 256-value row
-    const struct { int type; const char *name; size_t bytes; } types[] = {
-        {TYPE_F32, "f32", 1024},  {TYPE_Q4_0, "q4_0", 144}, {TYPE_Q4_1, "q4_1", 160}, {TYPE_Q5_0, "q5_0", 176},
-        {TYPE_Q8_0, "q8_0", 272}, {TYPE_Q8_1, "q8_1", 288}, {TYPE_Q4_K, "q4_K", 144}, {TYPE_Q6_K, "q6_K", 210},
-        {TYPE_Q8_K, "q8_K", 292}, {TYPE_IQ4_NL, "iq4_nl", 144}};
-    for (const auto &t : types) {
-        const char *got = g.type_name(t.type);
-        if (!got || std::strcmp(got, t.name) != 0)
-            return fail("ggml type %d is %s, expected %s", t.type, got ? got : "?", t.name);
-        if (g.row_size(t.type, 256) != t.bytes)
-            return fail("ggml's %s rows of 256 values are %zu bytes, expected %zu", t.name, g.row_size(t.type, 256),
-                        t.bytes);
-    }
-    void *ctx = g.init({1 << 20, nullptr, false});
-    if (!ctx) return fail("ggml_init failed");
-    tensor *a = g.new_tensor_2d(ctx, TYPE_Q4_K, 512, 3), *b = g.new_tensor_2d(ctx, TYPE_F32, 512, 2);
-    tensor *c = g.mul_mat(ctx, a, b);
-    bool ok = a->type == TYPE_Q4_K && a->ne[0] == 512 && a->ne[1] == 3 && a->nb[1] == 288 && a->buf == nullptr &&
-              a->data == g.get_data(a) && c->src[0] == a && c->src[1] == b && c->ne[0] == 3 && c->ne[1] == 2 &&
-              c->nb[1] == 12;
-    op_mul_mat = c->op;
-    const char *op = g.op_name(c->op);
-    g.free(ctx);
-    if (!ok) return fail("ggml_tensor's layout differs from the one speclm was written for");
-    if (!op || std::strcmp(op, "MUL_MAT") != 0) return fail("ggml_tensor's op field is not where speclm expects it");
-    buffer *buf = g.buft_alloc_buffer(g.cpu_buffer_type(), 4096);
-    if (!buf) return fail("ggml could not allocate a 4 KiB CPU buffer");
-    ok = buf->buft == g.buffer_get_type(buf) && buf->size == g.buffer_get_size(buf);
-    g.buffer_free(buf);
-    return ok || fail("ggml_backend_buffer's layout differs from the one speclm was written for");
-}
-
 }  // namespace
 
 extern "C" {
@@ -391,6 +354,7 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     if (!resolve(lib_dir) || !abi_check()) return -1;
     static Extra extra;
     static ExtraX8 extra_x8;
+    static ExtraX16 extra_x16;
     our_type.iface = {type_get_name, type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
     our_type.device = g.reg_dev_get(g.cpu_reg(), 0);
     our_type.context = &extra;
@@ -405,6 +369,12 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
         list.insert(list.begin(), &our_x8_type);
     }
     list.insert(list.begin(), &our_type);
+    if (repack_type) {  // the X16 layout belongs to `speclm-repack`, which needs CPU_REPACK's check too
+        our_x16_type.iface = {x16_type_get_name, x16_type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
+        our_x16_type.device = our_type.device;
+        our_x16_type.context = &extra_x16;
+        list.insert(list.begin(), &our_x16_type);
+    }
     // llama.cpp reads the device's copy of the list, made once at the first model load
     using get_extra = buffer_type **(*)(void *);
     auto copy = reinterpret_cast<get_extra>(g.reg_get_proc_address(g.cpu_reg(), "ggml_backend_dev_get_extra_bufts"));
@@ -413,6 +383,7 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     if (!seen) {
         list.erase(std::find(list.begin(), list.end(), &our_type));
         if (repack_type) list.erase(std::find(list.begin(), list.end(), &our_x8_type));
+        if (repack_type) list.erase(std::find(list.begin(), list.end(), &our_x16_type));
         return fail("llama.cpp already listed its buffer types (a model was loaded before speclm's kernels "
                     "registered)"), -1;
     }
@@ -420,12 +391,13 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     return 0;
 }
 
-__attribute__((visibility("default"))) const char *speclm_kernels_error() { return error.c_str(); }
+__attribute__((visibility("default"))) const char *speclm_kernels_error() { return last_error(); }
 
 // Whether models loaded from now on put their matmul weights of the types above in speclm's buffer.
 __attribute__((visibility("default"))) void speclm_kernels_claim(int on) { claiming = on != 0; }
 
-// The matmuls speclm computes: those over min..max activation rows (others run ggml's kernels).
+// The matmuls speclm computes: those over min..max activation rows (others run ggml's kernels), and on
+// weights in the X16 layout every one.
 __attribute__((visibility("default"))) void speclm_kernels_rows(int lo, int hi) {
     min_rows = lo;
     max_rows = hi;
@@ -451,14 +423,32 @@ __attribute__((visibility("default"))) const char *speclm_kernels_interleaved_of
 
 // One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K;
 // type 0 Q4_K, 1 Q6_K, 2 Q4_K interleaved as CPU_REPACK does (nrows a multiple of 8); 3..7 Q4_0, Q4_1,
-// Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32).
+// Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32); 8..12 the same in the X16 layout
+// (speclm_repack_x16's output; nrows a multiple of 16).
 // reps > 0: compute it that many times and return the fastest one's thread CPU time in ns (the
 // quantisation of x not counted), to compare kernels on a shared machine.
+// `rows` rows of K values of 32-value format `type` (3..7 as in speclm_gemm) in ggml's layout at src, in
+// the X16 layout at dst (out = 0), or (out = 1) the X16 rows at src back in ggml's layout. 0, or -1: a type
+// or shape the layout does not take.
+__attribute__((visibility("default"))) int speclm_repack_x16(int type, const void *src, int64_t rows, int64_t k,
+                                                            void *dst, int out) {
+    auto wt = (speclm::WeightType)type;
+    if (type < 3 || type > 7) return -1;
+    if (out == 0) return speclm::repack_x16(wt, (const uint8_t *)src, rows, k, (uint8_t *)dst) ? 0 : -1;
+    if (rows % 16 || k % 32 || k <= 0) return -1;
+    const size_t row_bytes = speclm::block_bytes32(wt) * (size_t)(k / 32);
+    for (int64_t r = 0; r < rows; ++r)
+        speclm::unpack_x16_row(wt, (const uint8_t *)src, k, r, (uint8_t *)dst + r * row_bytes);
+    return 0;
+}
+
 __attribute__((visibility("default"))) double speclm_gemm(int type, const void *w, int64_t nrows, int64_t k,
                                                          const float *x, int ny, float *out, int isa_, int reps) {
-    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 7) return -1;
+    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 12) return -1;
     auto wt = (speclm::WeightType)type;
-    if (k % speclm::block_values(wt) || (wt == speclm::WeightType::Q4_K_X8 && nrows % 8)) return -1;
+    if (k % speclm::block_values(wt) || (wt == speclm::WeightType::Q4_K_X8 && nrows % 8) ||
+        (speclm::is_x16(wt) && nrows % 16))
+        return -1;
     std::vector<uint8_t> mem(activation_bytes(wt, ny, k) + 64);
     Matmul mm(wt, (void *)(((uintptr_t)mem.data() + 63) & ~(uintptr_t)63), ny, k);
     mm.quantize(x, (size_t)k, 0, ny);

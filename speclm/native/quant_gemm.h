@@ -13,7 +13,12 @@ namespace speclm {
 // Q4_K_X8: Q4_K weights as ggml's CPU_REPACK buffer lays them out on x86 (block_q4_Kx8: eight rows'
 // blocks interleaved); rows come in groups of eight, and the row size is still the Q4_K one.
 // Q4_0 .. IQ4_NL: ggml's 32-value block formats in ggml's layout (is_q32).
-enum class WeightType : int { Q4_K = 0, Q6_K = 1, Q4_K_X8 = 2, Q4_0 = 3, Q4_1 = 4, Q5_0 = 5, Q8_0 = 6, IQ4_NL = 7 };
+// Q4_0_X16 .. IQ4_NL_X16: the same formats in speclm's interleaved layout (is_x16, repack_x16): rows in
+// groups of sixteen, the row size still the format's.
+enum class WeightType : int {
+    Q4_K = 0, Q6_K = 1, Q4_K_X8 = 2, Q4_0 = 3, Q4_1 = 4, Q5_0 = 5, Q8_0 = 6, IQ4_NL = 7,
+    Q4_0_X16 = 8, Q4_1_X16 = 9, Q5_0_X16 = 10, Q8_0_X16 = 11, IQ4_NL_X16 = 12
+};
 enum class Isa : int { NONE = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
 constexpr int QK = 256;  // values per block, weights and activations alike
@@ -21,6 +26,7 @@ constexpr int QK = 256;  // values per block, weights and activations alike
 constexpr int QK32 = 32;  // values per block of the 32-value formats, weights and activations alike
 
 inline bool is_q32(WeightType type) { return (int)type >= (int)WeightType::Q4_0; }
+inline bool is_x16(WeightType type) { return (int)type >= (int)WeightType::Q4_0_X16; }
 inline int block_values(WeightType type) { return is_q32(type) ? QK32 : QK; }
 
 // 144 (Q4_K and Q4_K_X8, per row), 210 (Q6_K), 18 (Q4_0, IQ4_NL), 20 (Q4_1), 22 (Q5_0), 34 (Q8_0)
@@ -77,9 +83,19 @@ struct Activations32 {
 // Quantise rows [j0, j1) of x (row j at x + j * x_stride floats) into `act` (needs F16C: best_isa() != NONE).
 void quantize_rows32(const float *x, size_t x_stride, int j0, int j1, Activations32 &act);
 
-// gemm for the 32-value formats (is_q32(type)): dst[j * dst_stride + r] = W[r] . x[j], r in [r0, r1).
+// gemm for the 32-value formats (is_q32(type)): dst[j * dst_stride + r] = W[r] . x[j], r in [r0, r1)
+// (the X16 types: r0 and r1 multiples of 16; their outputs are the ggml-layout type's bit for bit).
 void gemm32(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations32 &act,
             float *dst, size_t dst_stride, Isa isa);
+void gemm32_x16(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1,
+                const Activations32 &act, float *dst, size_t dst_stride, Isa isa);  // quant_gemm_q32x16.cpp
+
+// `rows` (a multiple of 16) rows of K values of the 32-value format `type` (Q4_0 .. IQ4_NL, ggml's layout)
+// at src, in the X16 layout at dst (the same number of bytes; dst must not overlap src). False: a type or
+// shape the layout does not take (nothing written).
+bool repack_x16(WeightType type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst);
+// The inverse: one row of the X16 layout as ggml's blocks (tests, and reading a weight back).
+void unpack_x16_row(WeightType type, const uint8_t *x16, int64_t k, int64_t row, uint8_t *out);
 
 Isa best_isa();  // the widest kernel this CPU can run (NONE: no AVX2+FMA+F16C)
 

@@ -18,97 +18,18 @@
 // 2·128·127 = 32512), and the nibble formats sum up to 8 (Q4: 2·15·127 each) or 4 (Q5: 2·31·127)
 // products in int16 before widening. Every integer sum is exact.
 // Q4_1 and Q8_0 keep ggml's vec_dot float order as well (gemm32_ordered_*): their outputs are ggml's bit for bit.
-#include <immintrin.h>
-
+// The kernels themselves are in quant_gemm_q32_kernels.h (shared with the interleaved layout,
+// quant_gemm_q32x16.cpp); this file holds ggml's layout's tile source, the activations' quantiser and
+// the dispatch.
 #include <cmath>
 #include <cstring>
 
-#include "quant_gemm.h"
+#include "quant_gemm_q32_kernels.h"
 
 namespace speclm {
 namespace {
 
-#define SPECLM_AVX2 "avx2,fma,f16c"
-#define SPECLM_AVX512 "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
-
-constexpr int ROW_TILE = 64;  // activation rows whose accumulators live on the stack at once
-constexpr int8_t IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
-
-// Sixteen quant bytes as 32 values: value i in the low nibble of byte i, value i + 16 in its high one.
-__attribute__((target(SPECLM_AVX2))) inline __m256i nibbles(const uint8_t *qs) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
-}
-
-// 0x10 in byte i where bit i of the little-endian uint32 at qh is set (Q5_0's fifth bits).
-__attribute__((target(SPECLM_AVX2))) inline __m256i fifth_bits(const uint8_t *qh) {
-    uint32_t h;
-    std::memcpy(&h, qh, 4);
-    const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), sel), bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
-}
-
-__attribute__((target(SPECLM_AVX2))) inline __m256i table16(const int8_t t[16], int add) {
-    __m128i v = _mm_add_epi8(_mm_loadu_si128((const __m128i *)t), _mm_set1_epi8((char)add));
-    return _mm256_broadcastsi128_si256(v);
-}
-
-// Each format: its block bytes; `avx2` its 32 values as AVX2 multiplies them (unsigned for the
-// offset formats, signed for SIGNED ones), `u8` as VNNI does (always unsigned: value + OFF512);
-// OFF: the offset AVX2 takes off with Σq; GROUP: how many vpmaddubsw results AVX2 may add in int16.
-// Every block starts with d (f16); Q4_1's min m (f16) follows it.
-struct Q40 {  // d, qs[16]: value = d * (n - 8)
-    static constexpr size_t bytes = 18;
-    static constexpr int OFF = 8, OFF512 = 8, GROUP = 8;
-    static constexpr bool SIGNED = false, MIN = false;
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i avx2(const uint8_t *b) { return nibbles(b + 2); }
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i u8(const uint8_t *b) { return nibbles(b + 2); }
-};
-
-struct Q41 {  // d, m, qs[16]: value = d * n + m
-    static constexpr size_t bytes = 20;
-    static constexpr int OFF = 0, OFF512 = 0, GROUP = 8;
-    static constexpr bool SIGNED = false, MIN = true;
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i avx2(const uint8_t *b) { return nibbles(b + 4); }
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i u8(const uint8_t *b) { return nibbles(b + 4); }
-};
-
-struct Q50 {  // d, qh[4], qs[16]: value = d * ((n | bit << 4) - 16), value i's fifth bit is bit i of qh
-    static constexpr size_t bytes = 22;
-    static constexpr int OFF = 16, OFF512 = 16, GROUP = 4;
-    static constexpr bool SIGNED = false, MIN = false;
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i avx2(const uint8_t *b) {
-        return _mm256_or_si256(nibbles(b + 6), fifth_bits(b + 2));
-    }
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i u8(const uint8_t *b) { return avx2(b); }
-};
-
-struct Q80 {  // d, qs[32] int8: value = d * q
-    static constexpr size_t bytes = 34;
-    static constexpr int OFF = 0, OFF512 = 128, GROUP = 1;
-    static constexpr bool SIGNED = true, MIN = false;
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i avx2(const uint8_t *b) {
-        return _mm256_loadu_si256((const __m256i *)(b + 2));
-    }
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i u8(const uint8_t *b) {
-        return _mm256_xor_si256(avx2(b), _mm256_set1_epi8((char)0x80));
-    }
-};
-
-struct IQ4NLB {  // d, qs[16]: value = d * IQ4NL[n]
-    static constexpr size_t bytes = 18;
-    static constexpr int OFF = 0, OFF512 = 128, GROUP = 1;
-    static constexpr bool SIGNED = true, MIN = false;
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i avx2(const uint8_t *b) {
-        return _mm256_shuffle_epi8(table16(IQ4NL, 0), nibbles(b + 2));
-    }
-    __attribute__((target(SPECLM_AVX2))) static inline __m256i u8(const uint8_t *b) {
-        return _mm256_shuffle_epi8(table16(IQ4NL, 128), nibbles(b + 2));
-    }
-};
+using namespace q32;
 
 // The f16 at p as a uint16.
 inline uint16_t half_at(const uint8_t *p) {
@@ -155,68 +76,6 @@ __attribute__((target(SPECLM_AVX2))) inline void transpose8(const __m256i v[8], 
     }
 }
 
-inline int32_t int_at(const int8_t *p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-
-// ---- AVX2: eight weight rows a tile -------------------------------------------------------------
-template <typename T>
-__attribute__((target(SPECLM_AVX2))) void gemm32_avx2(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
-                                                      const Activations32 &act, int j0, int j1, float *dst,
-                                                      size_t dst_stride) {
-    __m256 acc[ROW_TILE];
-    const int n = j1 - j0;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t rt = r0; rt < r1; rt += 8) {
-        const int rows = r1 - rt < 8 ? (int)(r1 - rt) : 8;
-        for (int j = 0; j < n; ++j) acc[j] = _mm256_setzero_ps();
-        const uint8_t *tile = w + rt * row_bytes;
-        for (int b = 0; b < act.nb; ++b) {
-            __m256i v[8], wt[8], a[8];
-            uint16_t dh[8], mh[8];
-            tile_rows<T, 8, false>(tile, row_bytes, rows, b, v, dh, mh);
-            transpose8(v, wt);
-            if (T::SIGNED)
-                for (int k = 0; k < 8; ++k) a[k] = _mm256_abs_epi8(wt[k]);
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
-            const size_t at = (size_t)b * act.ny + j0;
-            for (int j = 0; j < n; ++j) {
-                const int8_t *q = act.qs + (at + j) * QK32;
-                __m256i s32 = _mm256_setzero_si256(), s16 = _mm256_setzero_si256();
-                for (int k = 0; k < 8; ++k) {
-                    const __m256i y = _mm256_set1_epi32(int_at(q + 4 * k));
-                    const __m256i p = T::SIGNED ? _mm256_maddubs_epi16(a[k], _mm256_sign_epi8(y, wt[k]))
-                                                : _mm256_maddubs_epi16(wt[k], y);
-                    s16 = _mm256_add_epi16(s16, p);
-                    if ((k + 1) % T::GROUP == 0) {
-                        s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, ones));
-                        s16 = _mm256_setzero_si256();
-                    }
-                }
-                const int sum = act.sums[at + j];
-                if (T::OFF) s32 = _mm256_sub_epi32(s32, _mm256_set1_epi32(T::OFF * sum));
-                const float dy = act.d[at + j];
-                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(d, _mm256_set1_ps(dy)), acc[j]);
-                if (T::MIN) acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[at + j]), acc[j]);
-            }
-        }
-        for (int j = 0; j < n; ++j) {
-            float *out = dst + (size_t)(j0 + j) * dst_stride + rt;
-            if (rows == 8) {
-                _mm256_storeu_ps(out, acc[j]);
-            } else {
-                alignas(32) float lanes[8];
-                _mm256_store_ps(lanes, acc[j]);
-                for (int r = 0; r < rows; ++r) out[r] = lanes[r];
-            }
-        }
-    }
-}
-
-// ---- AVX-512 VNNI: sixteen weight rows a tile ---------------------------------------------------
 // out[k] lane r = row r's ints k (rows 0..7 from lo[r], rows 8..15 from hi: z[i] = [v[i] | v[i + 8]]).
 __attribute__((target(SPECLM_AVX512))) inline void transpose16x8(const __m256i v[16], __m512i out[8]) {
     __m512i z[8], t[8], u[8];
@@ -240,163 +99,31 @@ __attribute__((target(SPECLM_AVX512))) inline void transpose16x8(const __m256i v
     }
 }
 
-template <typename T>
-__attribute__((target(SPECLM_AVX512))) void gemm32_avx512(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
-                                                          const Activations32 &act, int j0, int j1, float *dst,
-                                                          size_t dst_stride) {
-    __m512 acc[ROW_TILE];
-    const int n = j1 - j0;
-    for (int64_t rt = r0; rt < r1; rt += 16) {
-        const int rows = r1 - rt < 16 ? (int)(r1 - rt) : 16;
-        for (int j = 0; j < n; ++j) acc[j] = _mm512_setzero_ps();
-        const uint8_t *tile = w + rt * row_bytes;
-        for (int b = 0; b < act.nb; ++b) {
-            __m256i v[16];
-            __m512i wt[8];
-            uint16_t dh[16], mh[16];
-            tile_rows<T, 16, true>(tile, row_bytes, rows, b, v, dh, mh);
-            transpose16x8(v, wt);
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
-            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
-            const size_t at = (size_t)b * act.ny + j0;
-            for (int j = 0; j < n; ++j) {
-                const int8_t *q = act.qs + (at + j) * QK32;
-                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-                for (int k = 0; k < 8; k += 2) {
-                    s0 = _mm512_dpbusd_epi32(s0, wt[k], _mm512_set1_epi32(int_at(q + 4 * k)));
-                    s1 = _mm512_dpbusd_epi32(s1, wt[k + 1], _mm512_set1_epi32(int_at(q + 4 * k + 4)));
-                }
-                __m512i s = _mm512_add_epi32(s0, s1);
-                const int sum = act.sums[at + j];
-                if (T::OFF512) s = _mm512_sub_epi32(s, _mm512_set1_epi32(T::OFF512 * sum));
-                const float dy = act.d[at + j];
-                acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(dy)), acc[j]);
-                if (T::MIN) acc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[at + j]), acc[j]);
-            }
-        }
-        for (int j = 0; j < n; ++j) {
-            float *out = dst + (size_t)(j0 + j) * dst_stride + rt;
-            _mm512_mask_storeu_ps(out, (__mmask16)((1u << rows) - 1), acc[j]);
-        }
+// ggml's layout: row r's block b at w + r * row_bytes + b * T::bytes, unpacked and transposed per tile.
+template <typename T> struct PlainTiles {
+    const uint8_t *w;
+    size_t row_bytes;
+
+    __attribute__((target(SPECLM_AVX2))) void avx2(int64_t rt, int rows, int b, __m256i wt[8], __m256 &d,
+                                                   __m256 &m) const {
+        __m256i v[8];
+        uint16_t dh[8], mh[8];
+        tile_rows<T, 8, false>(w + rt * row_bytes, row_bytes, rows, b, v, dh, mh);
+        transpose8(v, wt);
+        d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
     }
-}
 
-
-// ---- Q4_1 and Q8_0 in ggml's vec_dot order ---------------------------------------------------------
-// ggml's plain kernels run Q4_1 through vec_dot (no multi-row path) and Q8_0 through vec_dot or, tiled,
-// llamafile's tinyBLAS, which sums the same way: eight float partial sums per output, lane k summing
-// over blocks d_w·d_x·(the int dot of values 4k..4k+3), added as ((0+4)+(2+6))+((1+5)+(3+7)), then (Q4_1)
-// Σ m·s, a float running over blocks. In the transposed tile register k's lanes hold exactly lane k's
-// int dots, so keeping eight accumulators per output gives ggml's floats bit for bit. Q4_1: SmolLM2
-// amplifies any rounding difference past the probe's tolerance (docs/kernels.md#the-32-value-block-formats);
-// Q8_0: a one-row forward runs ggml's code on it, so a row's logits do not then depend on the block
-// verifying it (SmolLM2's tied head, the draft's embeddings and head). It costs eight float multiply-adds
-// per block and row where the other formats take one.
-template <typename V> struct OrderedAcc {
-    V k[8], summs;
+    __attribute__((target(SPECLM_AVX512))) void avx512(int64_t rt, int rows, int b, __m512i wt[8], __m512 &d,
+                                                       __m512 &m) const {
+        __m256i v[16];
+        uint16_t dh[16], mh[16];
+        tile_rows<T, 16, true>(w + rt * row_bytes, row_bytes, rows, b, v, dh, mh);
+        transpose16x8(v, wt);
+        d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
+        m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
+    }
 };
-
-template <typename T>
-__attribute__((target(SPECLM_AVX2))) inline __m256 ordered_finish(const OrderedAcc<__m256> &a) {
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a.k[0], a.k[4]), _mm256_add_ps(a.k[2], a.k[6])),
-                                     _mm256_add_ps(_mm256_add_ps(a.k[1], a.k[5]), _mm256_add_ps(a.k[3], a.k[7])));
-    return T::MIN ? _mm256_add_ps(sum, a.summs) : sum;
-}
-
-template <typename T>
-__attribute__((target(SPECLM_AVX2))) void gemm32_ordered_avx2(const uint8_t *w, size_t row_bytes, int64_t r0,
-                                                              int64_t r1, const Activations32 &act, int j0, int j1,
-                                                              float *dst, size_t dst_stride) {
-    static thread_local OrderedAcc<__m256> acc[ROW_TILE];
-    const int n = j1 - j0;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t rt = r0; rt < r1; rt += 8) {
-        const int rows = r1 - rt < 8 ? (int)(r1 - rt) : 8;
-        for (int j = 0; j < n; ++j) {
-            for (int k = 0; k < 8; ++k) acc[j].k[k] = _mm256_setzero_ps();
-            acc[j].summs = _mm256_setzero_ps();
-        }
-        const uint8_t *tile = w + rt * row_bytes;
-        for (int b = 0; b < act.nb; ++b) {
-            __m256i v[8], wt[8], a[8];
-            uint16_t dh[8], mh[8];
-            tile_rows<T, 8, false>(tile, row_bytes, rows, b, v, dh, mh);
-            transpose8(v, wt);
-            if (T::SIGNED)
-                for (int k = 0; k < 8; ++k) a[k] = _mm256_abs_epi8(wt[k]);
-            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh));
-            const size_t at = (size_t)b * act.ny + j0;
-            for (int j = 0; j < n; ++j) {
-                const int8_t *q = act.qs + (at + j) * QK32;
-                const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(act.d[at + j]));
-                for (int k = 0; k < 8; ++k) {
-                    const __m256i y = _mm256_set1_epi32(int_at(q + 4 * k));
-                    const __m256i p16 = T::SIGNED ? _mm256_maddubs_epi16(a[k], _mm256_sign_epi8(y, wt[k]))
-                                                  : _mm256_maddubs_epi16(wt[k], y);
-                    const __m256i p = _mm256_madd_epi16(p16, ones);
-                    acc[j].k[k] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p), acc[j].k[k]);
-                }
-                if (T::MIN) acc[j].summs = _mm256_fmadd_ps(m, _mm256_set1_ps(act.s[at + j]), acc[j].summs);
-            }
-        }
-        for (int j = 0; j < n; ++j) {
-            alignas(32) float lanes[8];
-            _mm256_store_ps(lanes, ordered_finish<T>(acc[j]));
-            float *out = dst + (size_t)(j0 + j) * dst_stride + rt;
-            for (int r = 0; r < rows; ++r) out[r] = lanes[r];
-        }
-    }
-}
-
-template <typename T>
-__attribute__((target(SPECLM_AVX512))) inline __m512 ordered_finish(const OrderedAcc<__m512> &a) {
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a.k[0], a.k[4]), _mm512_add_ps(a.k[2], a.k[6])),
-                                     _mm512_add_ps(_mm512_add_ps(a.k[1], a.k[5]), _mm512_add_ps(a.k[3], a.k[7])));
-    return T::MIN ? _mm512_add_ps(sum, a.summs) : sum;
-}
-
-// The four bytes at p summed (a lane's share of an activation block's Σq, for the +128 shift).
-inline int sum4(const int8_t *p) { return p[0] + p[1] + p[2] + p[3]; }
-
-template <typename T>
-__attribute__((target(SPECLM_AVX512))) void gemm32_ordered_avx512(const uint8_t *w, size_t row_bytes, int64_t r0,
-                                                                  int64_t r1, const Activations32 &act, int j0,
-                                                                  int j1, float *dst, size_t dst_stride) {
-    static thread_local OrderedAcc<__m512> acc[ROW_TILE];
-    const int n = j1 - j0;
-    for (int64_t rt = r0; rt < r1; rt += 16) {
-        const int rows = r1 - rt < 16 ? (int)(r1 - rt) : 16;
-        for (int j = 0; j < n; ++j) {
-            for (int k = 0; k < 8; ++k) acc[j].k[k] = _mm512_setzero_ps();
-            acc[j].summs = _mm512_setzero_ps();
-        }
-        const uint8_t *tile = w + rt * row_bytes;
-        for (int b = 0; b < act.nb; ++b) {
-            __m256i v[16];
-            __m512i wt[8];
-            uint16_t dh[16], mh[16];
-            tile_rows<T, 16, true>(tile, row_bytes, rows, b, v, dh, mh);
-            transpose16x8(v, wt);
-            const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
-            const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
-            const size_t at = (size_t)b * act.ny + j0;
-            for (int j = 0; j < n; ++j) {
-                const int8_t *q = act.qs + (at + j) * QK32;
-                const __m512 dd = _mm512_mul_ps(d, _mm512_set1_ps(act.d[at + j]));
-                for (int k = 0; k < 8; ++k) {
-                    __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wt[k], _mm512_set1_epi32(int_at(q + 4 * k)));
-                    if (T::OFF512) p = _mm512_sub_epi32(p, _mm512_set1_epi32(T::OFF512 * sum4(q + 4 * k)));
-                    acc[j].k[k] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(p), acc[j].k[k]);
-                }
-                if (T::MIN) acc[j].summs = _mm512_fmadd_ps(m, _mm512_set1_ps(act.s[at + j]), acc[j].summs);
-            }
-        }
-        for (int j = 0; j < n; ++j)
-            _mm512_mask_storeu_ps(dst + (size_t)(j0 + j) * dst_stride + rt, (__mmask16)((1u << rows) - 1),
-                                  ordered_finish<T>(acc[j]));
-    }
-}
 
 }  // namespace
 
@@ -481,32 +208,27 @@ __attribute__((target("f16c"))) void quantize_rows32(const float *x, size_t x_st
 
 size_t block_bytes32(WeightType type) {
     switch (type) {
-        case WeightType::Q4_0: return Q40::bytes;
-        case WeightType::Q4_1: return Q41::bytes;
-        case WeightType::Q5_0: return Q50::bytes;
-        case WeightType::Q8_0: return Q80::bytes;
-        case WeightType::IQ4_NL: return IQ4NLB::bytes;
+        case WeightType::Q4_0:
+        case WeightType::Q4_0_X16: return Q40::bytes;
+        case WeightType::Q4_1:
+        case WeightType::Q4_1_X16: return Q41::bytes;
+        case WeightType::Q5_0:
+        case WeightType::Q5_0_X16: return Q50::bytes;
+        case WeightType::Q8_0:
+        case WeightType::Q8_0_X16: return Q80::bytes;
+        case WeightType::IQ4_NL:
+        case WeightType::IQ4_NL_X16: return IQ4NLB::bytes;
         default: return 0;
     }
 }
 
 void gemm32(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations32 &act,
             float *dst, size_t dst_stride, Isa isa) {
-    using Kernel = void (*)(const uint8_t *, size_t, int64_t, int64_t, const Activations32 &, int, int, float *, size_t);
-    const bool wide = isa == Isa::AVX512_VNNI;
-    Kernel kernel;
-    switch (type) {
-        case WeightType::Q4_0: kernel = wide ? gemm32_avx512<Q40> : gemm32_avx2<Q40>; break;
-        case WeightType::Q4_1: kernel = wide ? gemm32_ordered_avx512<Q41> : gemm32_ordered_avx2<Q41>; break;
-        case WeightType::Q5_0: kernel = wide ? gemm32_avx512<Q50> : gemm32_avx2<Q50>; break;
-        case WeightType::Q8_0: kernel = wide ? gemm32_ordered_avx512<Q80> : gemm32_ordered_avx2<Q80>; break;
-        case WeightType::IQ4_NL: kernel = wide ? gemm32_avx512<IQ4NLB> : gemm32_avx2<IQ4NLB>; break;
-        default: return;
-    }
-    for (int j0 = 0; j0 < act.ny; j0 += ROW_TILE) {
-        int j1 = act.ny < j0 + ROW_TILE ? act.ny : j0 + ROW_TILE;
-        kernel(w, w_row_bytes, r0, r1, act, j0, j1, dst, dst_stride);
-    }
+    if (is_x16(type))
+        gemm32_x16(type, w, w_row_bytes, r0, r1, act, dst, dst_stride, isa);
+    else
+        q32::run_gemm32<PlainTiles>((int)type - (int)WeightType::Q4_0, w, w_row_bytes, r0, r1, act, dst, dst_stride,
+                                    isa);
 }
 
 }  // namespace speclm
