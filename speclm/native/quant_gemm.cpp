@@ -437,117 +437,11 @@ __attribute__((target(SPECLM_AVX512))) void gemm_x8_avx512(const uint8_t *w, siz
     }
 }
 
-// ggml's nearest_int: round half to even through the float mantissa (|v| < 2^22).
-inline int nearest_int(float v) {
-    float f = v + 12582912.f;
-    int i;
-    std::memcpy(&i, &f, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 }  // namespace
 
 size_t weight_block_bytes(WeightType type) {
     if (is_q32(type)) return block_bytes32(type);
     return type == WeightType::Q6_K ? Q6K::bytes : Q4K::bytes;
-}
-
-Activations Activations::in(void *mem, int ny, int64_t k) {
-    Activations a;
-    a.ny = ny;
-    a.nb = (int)(k / QK);
-    size_t blocks = (size_t)ny * a.nb;
-    a.qs = (int8_t *)mem;
-    a.bsums = (int16_t *)(a.qs + blocks * QK);
-    a.d = (float *)(a.bsums + blocks * 16);
-    return a;
-}
-
-// One block of quantize_rows with AVX2, the same float operations in the same order: |v| is maximal at
-// the first index whose |v| equals the maximum, and _mm256_cvtps_epi32 rounds half to even (the default
-// MXCSR) as nearest_int does for |v| <= 127.
-__attribute__((target(SPECLM_AVX2))) void quantize_block_avx2(const float *v, int8_t *q, int16_t *bs, float &d) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < QK; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    if (amax == 0) {
-        std::memset(q, 0, QK);
-        std::memset(bs, 0, 32);
-        d = 0;
-        return;
-    }
-    int first = 0;
-    for (int i = 0; i < QK; i += 8) {
-        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)),
-                                                         _mm256_set1_ps(amax), _CMP_EQ_OQ));
-        if (hit) {
-            first = i + __builtin_ctz(hit);
-            break;
-        }
-    }
-    const float iscale = -127.f / v[first];
-    const __m256 vs = _mm256_set1_ps(iscale);
-    const __m256i top = _mm256_set1_epi32(127), order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int g = 0; g < QK / 32; ++g) {
-        __m256i n[4];
-        for (int k = 0; k < 4; ++k)
-            n[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(v + 32 * g + 8 * k))), top);
-        for (int h2 = 0; h2 < 2; ++h2) {  // the two 16-value sums
-            __m256i t = _mm256_add_epi32(n[2 * h2], n[2 * h2 + 1]);
-            __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-            u = _mm_add_epi32(u, _mm_unpackhi_epi64(u, u));
-            u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 1));
-            bs[2 * g + h2] = (int16_t)_mm_cvtsi128_si32(u);
-        }
-        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
-        _mm256_storeu_si256((__m256i *)(q + 32 * g), _mm256_permutevar8x32_epi32(b, order));
-    }
-    d = 1 / iscale;
-}
-
-// The same arithmetic as ggml's quantize_row_q8_K_ref, so the values match its vec_dot inputs.
-void quantize_rows(const float *x, size_t x_stride, int j0, int j1, Activations &act) {
-    static const bool avx2 = best_isa() != Isa::NONE;
-    if (avx2) {
-        for (int j = j0; j < j1; ++j)
-            for (int b = 0; b < act.nb; ++b)
-                quantize_block_avx2(x + (size_t)j * x_stride + (size_t)b * QK, act.qs + ((size_t)b * act.ny + j) * QK,
-                                    act.bsums + ((size_t)b * act.ny + j) * 16, act.d[(size_t)b * act.ny + j]);
-        return;
-    }
-    for (int j = j0; j < j1; ++j) {
-        const float *row = x + (size_t)j * x_stride;
-        for (int b = 0; b < act.nb; ++b) {
-            const float *v = row + (size_t)b * QK;
-            int8_t *q = act.qs + ((size_t)b * act.ny + j) * QK;
-            int16_t *bs = act.bsums + ((size_t)b * act.ny + j) * 16;
-            float max = 0, amax = 0;
-            for (int i = 0; i < QK; ++i) {
-                float ax = v[i] < 0 ? -v[i] : v[i];
-                if (ax > amax) { amax = ax; max = v[i]; }
-            }
-            if (amax == 0) {
-                std::memset(q, 0, QK);
-                std::memset(bs, 0, 32);
-                act.d[(size_t)b * act.ny + j] = 0;
-                continue;
-            }
-            const float iscale = -127.f / max;
-            for (int i = 0; i < QK; ++i) {
-                int n = nearest_int(iscale * v[i]);
-                q[i] = (int8_t)(n < 127 ? n : 127);
-            }
-            for (int g = 0; g < 16; ++g) {
-                int sum = 0;
-                for (int i = 0; i < 16; ++i) sum += q[g * 16 + i];
-                bs[g] = (int16_t)sum;
-            }
-            act.d[(size_t)b * act.ny + j] = 1 / iscale;
-        }
-    }
 }
 
 void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,

@@ -1,7 +1,7 @@
 // Multi-row matmul of k-quant weights (Q4_K, Q6_K) with activation rows quantised to 8 bits
 // the way ggml's Q8_K is (one scale per 256 values, sums per 16): dst[j][r] = W[r] . x[j];
 // and of the 32-value block formats (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL) with activations quantised
-// per 32 values the way ggml's Q8_0 is (quant_gemm_q32.cpp).
+// per 32 values the way ggml's Q8_0 is (quant_gemm_q32.cpp); the quantisers are in quantize.cpp.
 // docs/kernels.md#speclms-kernels says how the loops are laid out and why.
 #pragma once
 

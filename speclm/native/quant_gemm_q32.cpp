@@ -19,7 +19,7 @@
 // products in int16 before widening. Every integer sum is exact.
 // Q4_1 and Q8_0 keep ggml's vec_dot float order as well (gemm32_ordered_*): their outputs are ggml's bit for bit.
 // The kernels themselves are in quant_gemm_q32_kernels.h (shared with the interleaved layout,
-// quant_gemm_q32x16.cpp); this file holds ggml's layout's tile source, the activations' quantiser and
+// quant_gemm_q32x16.cpp); this file holds ggml's layout's tile source and
 // the dispatch.
 #include <cmath>
 #include <cstring>
@@ -126,85 +126,6 @@ template <typename T> struct PlainTiles {
 };
 
 }  // namespace
-
-Activations32 Activations32::in(void *mem, int ny, int64_t k) {
-    Activations32 a;
-    a.ny = ny;
-    a.nb = (int)(k / QK32);
-    size_t blocks = (size_t)ny * a.nb;
-    a.qs = (int8_t *)mem;
-    a.d = (float *)(a.qs + blocks * QK32);
-    a.s = a.d + blocks;
-    a.sums = (int16_t *)(a.s + blocks);
-    return a;
-}
-
-// x rounded to f16 (to nearest even, as ggml's FP32_TO_FP16 on F16C), as a float.
-__attribute__((target("f16c"))) inline float to_half(float x) { return _cvtsh_ss(_cvtss_sh(x, 0)); }
-
-// ggml's x86 quantize_row_q8_0 / q8_1 in scalar float32: d = amax / 127 (stored as f16), id = 127 / amax,
-// q = x * id rounded half to even (ggml's _mm256_round_ps; its reference code uses roundf), s = f16(d * Σq).
-// One block of quantize_rows32 with AVX2: the same float operations (a maximum is exact whatever the
-// order; _mm256_cvtps_epi32 rounds half to even under the default MXCSR, as nearbyint does).
-__attribute__((target(SPECLM_AVX2))) void quantize_block32_avx2(const float *v, int8_t *q, float &d_out, float &s_out,
-                                                              int16_t &sum_out) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 x[4], m = _mm256_setzero_ps();
-    for (int k = 0; k < 4; ++k) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x[k] = _mm256_loadu_ps(v + 8 * k)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    const float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
-    const __m256 vid = _mm256_set1_ps(id);
-    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
-    __m256i n[4];
-    for (int k = 0; k < 4; ++k)
-        n[k] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(x[k], vid)), hi), lo);
-    __m256i t = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
-    __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-    u = _mm_add_epi32(u, _mm_unpackhi_epi64(u, u));
-    const int sum = _mm_cvtsi128_si32(_mm_add_epi32(u, _mm_shuffle_epi32(u, 1)));
-    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
-    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    d_out = to_half(d);
-    s_out = to_half(d * (float)sum);
-    sum_out = (int16_t)sum;
-}
-
-__attribute__((target("f16c"))) void quantize_rows32(const float *x, size_t x_stride, int j0, int j1,
-                                                     Activations32 &act) {
-    static const bool avx2 = best_isa() != Isa::NONE;
-    if (avx2) {
-        for (int j = j0; j < j1; ++j)
-            for (int b = 0; b < act.nb; ++b) {
-                const size_t at = (size_t)b * act.ny + j;
-                quantize_block32_avx2(x + (size_t)j * x_stride + (size_t)b * QK32, act.qs + at * QK32, act.d[at],
-                                      act.s[at], act.sums[at]);
-            }
-        return;
-    }
-    for (int j = j0; j < j1; ++j) {
-        const float *row = x + (size_t)j * x_stride;
-        for (int b = 0; b < act.nb; ++b) {
-            const float *v = row + (size_t)b * QK32;
-            const size_t at = (size_t)b * act.ny + j;
-            int8_t *q = act.qs + at * QK32;
-            float amax = 0;
-            for (int i = 0; i < QK32; ++i) amax = std::fabs(v[i]) > amax ? std::fabs(v[i]) : amax;
-            const float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
-            int sum = 0;
-            for (int i = 0; i < QK32; ++i) {
-                float r = std::nearbyint(v[i] * id);
-                int n = (int)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
-                q[i] = (int8_t)n;
-                sum += n;
-            }
-            act.d[at] = to_half(d);
-            act.s[at] = to_half(d * (float)sum);
-            act.sums[at] = (int16_t)sum;
-        }
-    }
-}
 
 size_t block_bytes32(WeightType type) {
     switch (type) {
