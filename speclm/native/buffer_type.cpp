@@ -79,7 +79,7 @@ bool x16_type(const tensor *w, speclm::WeightType &out) {
     if (w->ne[1] % 16 != 0 || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::QK32 != 0) return false;
     if (w->nb[1] != g.row_size(w->type, w->ne[0]) || (w->view_src && w->view_offs % (16 * w->nb[1])))
         return false;  // rows not packed, or a view that does not start at a group of sixteen
-    out = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0 + (int)speclm::WeightType::Q4_0_X16);
+    out = speclm::x16_of(type);
     return true;
 }
 
@@ -283,17 +283,15 @@ void x16_set_tensor(buffer *, tensor *t, const void *data, size_t offset, size_t
     speclm::WeightType type;
     if (!x16_type(t, type)) die("a tensor the X16 layout does not take was placed in its buffer", t);
     if (offset != 0 || size != tensor_bytes(t)) die("a weight was set in parts", t);
-    auto plain = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0_X16 + (int)speclm::WeightType::Q4_0);
-    speclm::repack_x16(plain, (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
+    speclm::repack_x16(speclm::plain_of(type), (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
 }
 
 void x16_get_tensor(buffer *, const tensor *t, void *data, size_t offset, size_t size) {
     speclm::WeightType type;
     const size_t row = t->nb[1];
     if (!x16_type(t, type) || offset % row || size % row) die("a read of part of a row", t);
-    auto plain = (speclm::WeightType)((int)type - (int)speclm::WeightType::Q4_0_X16 + (int)speclm::WeightType::Q4_0);
     for (size_t r = 0; r < size / row; ++r)
-        speclm::unpack_x16_row(plain, (const uint8_t *)t->data, t->ne[0], (int64_t)(offset / row + r),
+        speclm::unpack_x16_row(speclm::plain_of(type), (const uint8_t *)t->data, t->ne[0], (int64_t)(offset / row + r),
                                (uint8_t *)data + r * row);
 }
 

@@ -27,6 +27,13 @@ constexpr int QK32 = 32;  // values per block of the 32-value formats, weights a
 
 inline bool is_q32(WeightType type) { return (int)type >= (int)WeightType::Q4_0; }
 inline bool is_x16(WeightType type) { return (int)type >= (int)WeightType::Q4_0_X16; }
+// A 32-value format's place in the order Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL (0..4), in either layout, and
+// the same format in the other layout.
+inline int q32_format(WeightType type) {
+    return (int)type - (int)(is_x16(type) ? WeightType::Q4_0_X16 : WeightType::Q4_0);
+}
+inline WeightType x16_of(WeightType plain) { return (WeightType)((int)WeightType::Q4_0_X16 + q32_format(plain)); }
+inline WeightType plain_of(WeightType x16) { return (WeightType)((int)WeightType::Q4_0 + q32_format(x16)); }
 inline int block_values(WeightType type) { return is_q32(type) ? QK32 : QK; }
 
 // 144 (Q4_K and Q4_K_X8, per row), 210 (Q6_K), 18 (Q4_0, IQ4_NL), 20 (Q4_1), 22 (Q5_0), 34 (Q8_0)

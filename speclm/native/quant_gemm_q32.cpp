@@ -148,8 +148,7 @@ void gemm32(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, i
     if (is_x16(type))
         gemm32_x16(type, w, w_row_bytes, r0, r1, act, dst, dst_stride, isa);
     else
-        q32::run_gemm32<PlainTiles>((int)type - (int)WeightType::Q4_0, w, w_row_bytes, r0, r1, act, dst, dst_stride,
-                                    isa);
+        q32::run_gemm32<PlainTiles>(q32_format(type), w, w_row_bytes, r0, r1, act, dst, dst_stride, isa);
 }
 
 }  // namespace speclm

@@ -162,7 +162,7 @@ void unpack_x16_row(WeightType type, const uint8_t *x16, int64_t k, int64_t row,
 void gemm32_x16(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1,
                 const Activations32 &act, float *dst, size_t dst_stride, Isa isa) {
     if (!is_x16(type) || r0 % GROUP_ROWS != 0 || r1 % GROUP_ROWS != 0) return;
-    run_gemm32<X16Tiles>((int)type - (int)WeightType::Q4_0_X16, w, w_row_bytes, r0, r1, act, dst, dst_stride, isa);
+    run_gemm32<X16Tiles>(q32_format(type), w, w_row_bytes, r0, r1, act, dst, dst_stride, isa);
 }
 
 }  // namespace speclm
