@@ -15,7 +15,8 @@ if platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64"):
     native.append(Extension(
         "speclm.native._kernels",
         sources=["speclm/native/quant_gemm.cpp", "speclm/native/quant_gemm_q32.cpp",
-                 "speclm/native/quant_gemm_q32x16.cpp", "speclm/native/buffer_type.cpp",
+                 "speclm/native/quant_gemm_q32x16.cpp", "speclm/native/quant_gemm_k16.cpp",
+                 "speclm/native/buffer_type.cpp",
                  "speclm/native/ggml_link.cpp", "speclm/native/quantize.cpp"],
         depends=["speclm/native/quant_gemm.h", "speclm/native/quant_gemm_q32_kernels.h", "speclm/native/ggml_abi.h",
                  "speclm/native/ggml_link.h"],

@@ -249,24 +249,13 @@ def target_pair():
 
 @pytest.fixture(scope="module")
 def interleaved_target():
-    """The shipped target on speclm's kernels with Q4_K weights in CPU_REPACK's layout."""
+    """The shipped target on `speclm-repack`: its Q4_K and Q6_K weights in speclm's X16 layout."""
     from speclm.backends.llamacpp import LlamaCppBackend
     from speclm.models.catalog import resolve_model
     if K.build_info().unavailable("speclm-repack"):
         pytest.skip(K.build_info().unavailable("speclm-repack"))
     backend = LlamaCppBackend(resolve_model("qwen2.5-coder-1.5b"), n_ctx=256, n_threads=2, n_seq_max=1,
                               kernels=K.parse_config("speclm-repack"))
-    yield backend
-    backend.close()
-
-
-@pytest.fixture(scope="module")
-def repack_target():
-    """The shipped target on llama.cpp's own best kernels (CPU_REPACK)."""
-    from speclm.backends.llamacpp import LlamaCppBackend
-    from speclm.models.catalog import resolve_model
-    backend = LlamaCppBackend(resolve_model("qwen2.5-coder-1.5b"), n_ctx=256, n_threads=2, n_seq_max=1,
-                              kernels=K.parse_config("repack"))
     yield backend
     backend.close()
 
@@ -304,38 +293,28 @@ def test_inside_llama_cpp_they_compute_the_verify_blocks_and_agree_with_the_plai
 
 
 @pytest.mark.slow
-def test_with_q4k_interleaved_they_compute_the_same_floats(target_pair, interleaved_target):
-    # speclm-repack's kernels read CPU_REPACK's layout and sum in the plain layout's order: every
-    # block in their row range (the prefill too) gives speclm's logits bit for bit
-    ours, _ = target_pair
-    lo, hi = native.rows_range()
-    if lo > 2 or hi < 24:
-        pytest.skip(f"not the default row range: {lo}-{hi}")
-    tokens = ours.tokenize("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 3,
-                           add_special=False)
-    blocks = [b for b in (2, 4, 16) if lo <= b <= hi]
-    want, got = scores(ours, tokens, blocks), scores(interleaved_target, tokens, blocks)
-    for b in blocks:
-        np.testing.assert_array_equal(got[b], want[b])
-
-
-@pytest.mark.slow
-def test_what_they_decline_runs_llama_cpps_repacked_kernels_bit_for_bit(interleaved_target, repack_target):
-    # a one-row decode after a prompt past the row range: on a CPU where CPU_REPACK interleaves Q4_K,
-    # speclm-repack hands both to llama.cpp's own kernels on the same bytes, so a decode step
-    # costs and computes what it does on llama.cpp's best configuration
+def test_on_the_x16_layout_every_forward_runs_speclms_kernels_and_agrees_with_the_plain_kernels(
+        target_pair, interleaved_target):
+    # `speclm-repack` keeps the Q4_K and Q6_K weights in speclm's X16 layout, which ggml cannot read:
+    # every matmul on them runs speclm's kernels, one-row decodes and prefills past 64 rows included
+    from speclm.backends.probe import compare_logits
+    _, plain = target_pair
     ours = interleaved_target
-    lo, hi = native.rows_range()
-    if lo < 2 or hi >= 80:
-        pytest.skip(f"not the default setting: {native.status().reason}")
-    tokens = ours.tokenize("for i in range(10):\n    print(i * i)\n" * 12, add_special=False)[:82]
-    got = {}
-    for name, backend in (("speclm", ours), ("repack", repack_target)):
-        seq = backend.new_sequence()
-        before = native.handled()
-        backend.prefill(seq, tokens[:80])
-        got[name] = [backend.score(seq, tokens[80:81]), backend.score(seq, tokens[81:82])]
-        assert native.handled() == before, f"{name}: speclm's kernels took a matmul outside their rows"
-        backend.free(seq)
-    for a, b in zip(got["speclm"], got["repack"]):
-        np.testing.assert_array_equal(a, b)
+    text = "def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n    while lo <= hi:\n" * 8
+    tokens = ours.tokenize(text, add_special=False)
+    blocks = (1, 2, 3, 4, 8, 16, 17, 33, 64)
+    before = native.handled()
+    got = scores(ours, tokens, blocks)
+    # q, k, v, o, gate, up, down in 28 layers and the head, for the prefill and every block
+    assert native.handled() - before >= (28 * 7 + 1) * (len(blocks) + 1)
+    want = scores(plain, tokens, blocks)
+    assert compare_logits({str(b): v for b, v in want.items()}, {str(b): v for b, v in got.items()}) is None
+    # a row's logits are the same whichever block verifies it, from one row up (below 64 rows, where
+    # llama.cpp's own attention kernels change their path)
+    for b in blocks[1:-1]:
+        np.testing.assert_array_equal(got[b][:1], got[1], err_msg=f"row 0 alone and in a block of {b}")
+    seq = ours.new_sequence()
+    before = native.handled()
+    ours.prefill(seq, tokens[:80])
+    assert native.handled() - before >= 28 * 7 + 1, "an 80-token prefill ran on speclm's kernels"
+    ours.free(seq)

@@ -2,8 +2,10 @@
 already transposed, read by the same tile kernels as ggml's layout. Its outputs must be the ggml-layout
 kernels' bit for bit (every row count, every instruction set this CPU has, random and real tensors),
 and inside llama.cpp `speclm-repack` (which keeps these weights in the layout and computes every matmul
-on them, one-row decodes included) must give `speclm`'s logits for verify blocks and stay within the
-probe's tolerance of the plain kernels everywhere (Q4_1 and Q8_0, summed in ggml's order: bit for bit)."""
+on them, one-row decodes included) must give `speclm`'s logits for verify blocks where a model has only
+these formats (the draft's Q4_K and Q6_K sum another way on X16: within the probe's tolerance) and stay
+within the probe's tolerance of the plain kernels everywhere (Q4_1 and Q8_0, summed in ggml's order: bit
+for bit)."""
 
 from __future__ import annotations
 
@@ -88,8 +90,6 @@ def test_rows_off_the_group_size_are_refused():
     raw = random_blocks("q5_0", 24, 64, np.random.default_rng(6))
     with pytest.raises(ValueError, match="does not take q5_0 24x64"):
         native.repack_x16("q5_0", raw, 64)
-    with pytest.raises(ValueError, match="does not take q4_K"):
-        native.repack_x16("q4_K", np.zeros((16, 144), np.uint8), 256)
 
 
 @pytest.mark.parametrize("model,types", [("qwen2.5-coder-0.5b", {"q5_0", "q8_0"}), ("smollm2-135m", {"q4_1"})])
@@ -118,7 +118,7 @@ LlamaCppBackend(resolve_model(model), n_ctx=256, n_threads=2, n_seq_max=1, kerne
 @pytest.mark.slow
 def test_a_tied_embedding_stays_in_ggmls_layout_and_its_output_copy_is_repacked():
     # SmolLM2's output head is its token embedding (Q8_0): llama.cpp loads the tensor twice, once for
-    # GET_ROWS (which CPU_SPECLM_Q32X16 declines: ggml's CPU buffer) and once, TENSOR_DUPLICATED, for the
+    # GET_ROWS (which CPU_SPECLM_X16 declines: ggml's CPU buffer) and once, TENSOR_DUPLICATED, for the
     # head's MUL_MAT (ours)
     if K.build_info().unavailable("speclm-repack"):
         pytest.skip(K.build_info().unavailable("speclm-repack"))
@@ -130,13 +130,13 @@ def test_a_tied_embedding_stays_in_ggmls_layout_and_its_output_copy_is_repacked(
     log = proc.stderr
     assert log.count("loading tensor token_embd.weight") == 2, "the tied head is loaded as a second tensor"
     assert "tensor 'token_embd.weight' (q8_0)" in log and "using CPU instead" in log
-    assert "CPU_SPECLM_Q32X16 model buffer size" in log
+    assert "CPU_SPECLM_X16 model buffer size" in log
     # on `speclm` the same weights keep ggml's layout (CPU_SPECLM)
     proc = subprocess.run([sys.executable, "-c", LOAD_LOG, "speclm+tiled", "smollm2-135m"], capture_output=True,
                           text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "CPU_SPECLM model buffer size" in proc.stderr
-    assert "CPU_SPECLM_Q32X16 model buffer size" not in proc.stderr
+    assert "CPU_SPECLM_X16 model buffer size" not in proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -157,11 +157,16 @@ def small_runs(tmp_path_factory):
 @pytest.mark.parametrize("model", ["qwen2.5-coder-0.5b", "smollm2-135m"])
 @pytest.mark.parametrize("isa", isas())
 def test_inside_llama_cpp_verify_blocks_give_speclms_logits(small_runs, model, isa):
+    from speclm.backends.probe import compare_logits
     got, info = small_runs[model, isa]
     want, _ = small_runs[model, "speclm+tiled"]
     assert info["status"].startswith(isa), info
-    for b in (2, 4, 16):
-        np.testing.assert_array_equal(got[f"block{b}"], want[f"block{b}"], err_msg=f"block{b}")
+    names = [f"block{b}" for b in (2, 4, 16)]
+    if model == "smollm2-135m":  # only 32-value formats: the same kernels on either layout
+        for name in names:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    else:  # the draft's Q4_K and Q6_K weights sum another way on X16 (test_native_kernels_k16.py)
+        assert compare_logits({n: want[n] for n in names}, {n: got[n] for n in names}) is None
     for b in (4, 16):  # a row's logits do not depend on the block verifying it
         np.testing.assert_array_equal(got[f"block{b}"][:2], got["block2"])
 

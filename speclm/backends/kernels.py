@@ -5,10 +5,9 @@ A configuration is two switches (docs/kernels.md):
   Sapphire Rapids and later, compiled in when the build's CPU has AMX),
   "repack" (CPU_REPACK: weights re-laid out for multi-row kernels), "speclm"
   (speclm's own multi-row kernels for Q4_K, Q6_K and the 32-value formats Q4_0, Q4_1,
-  Q5_0, Q8_0, IQ4_NL in ggml's layout, the rest repacked: speclm.native), "speclm-repack" (the same kernels, Q4_K weights
-  kept in CPU_REPACK's interleaved layout, so one-row forwards run CPU_REPACK's
-  kernel, and the 32-value formats in speclm's own interleaved X16 layout, on which
-  speclm's kernels compute every forward, one row included) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
+  Q5_0, Q8_0, IQ4_NL in ggml's layout, the rest repacked: speclm.native), "speclm-repack" (speclm's kernels on
+  its own interleaved X16 layout, sixteen weight rows a register, on which they
+  compute every forward, one row included) or "plain" (`use_extra_bufts = False`: the plain vec_dot kernels).
 - tiled: llama.cpp's tiled multi-row matmul for weights that are not repacked
   (`GGML_CPU_TILED_MM`, used at 8 rows and more).
 
@@ -63,8 +62,9 @@ class KernelConfig:
         return self.buffers.startswith("speclm")
 
     @property
-    def interleaves_q4k(self) -> bool:
-        """Whether Q4_K weights are kept in CPU_REPACK's interleaved layout (docs/kernels.md)."""
+    def interleaved(self) -> bool:
+        """Whether the weights are interleaved: by CPU_REPACK (repack) or in speclm's X16 layout
+        (speclm-repack; docs/kernels.md)."""
         return self.buffers in ("repack", "speclm-repack")
 
     def __str__(self) -> str:

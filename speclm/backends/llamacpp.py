@@ -81,7 +81,7 @@ class LlamaCppBackend(Backend):
             mparams.use_extra_bufts = kernels.use_extra_bufts
         recent_errors.clear()
         claims = kernels is not None and kernels.claims
-        with native.claiming(claims, claims and kernels.interleaves_q4k):
+        with native.claiming(claims, claims and kernels.interleaved):
             self._model = L.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise ModelError(f"llama.cpp could not load {self.path}: {last_error()}; the file is corrupt, "

@@ -6,12 +6,11 @@ puts its buffer type first in libggml-cpu's list before the process loads a mode
 ggml's layouts first and refuses, with a reason, on any llama-cpp-python it was not written
 for. A model then uses these kernels only when loaded while `claiming` (the `speclm` kernel
 configurations); every other model runs on llama.cpp's kernels exactly as before. The `speclm`
-configuration keeps the weights in ggml's layout; `speclm-repack` keeps Q4_K weights interleaved
-as llama.cpp's CPU_REPACK lays them out (so one-row decode runs llama.cpp's repacked kernel on
-them), where that layout passes its check, and the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0,
-IQ4_NL) with rows in sixteens in speclm's own interleaved layout (X16: every forward on them, one row
-included, runs speclm's kernels, whose floats equal those on ggml's layout). Q6_K weights always keep
-ggml's layout.
+configuration keeps the weights in ggml's layout (one-row forwards then run llama.cpp's vec_dot on
+them); `speclm-repack` keeps Q4_K, Q6_K and the 32-value formats (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL) with
+rows in sixteens in speclm's own interleaved layout (X16), where every forward on them, one row
+included, runs speclm's kernels (a Q4_K weight with rows in eights but not sixteens: CPU_REPACK's
+layout, as before).
 docs/kernels.md#speclms-kernels has the whole contract.
 """
 
@@ -36,7 +35,8 @@ ISAS = {1: "avx2", 2: "avx512-vnni"}
 # q4_0_x16 .. iq4_nl_x16: the same formats in speclm's interleaved layout (quant_gemm_q32x16.cpp; `gemm` repacks
 # the GGUF bytes it is given)
 WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2, "q4_0": 3, "q4_1": 4, "q5_0": 5, "q8_0": 6, "iq4_nl": 7,
-                "q4_0_x16": 8, "q4_1_x16": 9, "q5_0_x16": 10, "q8_0_x16": 11, "iq4_nl_x16": 12}
+                "q4_0_x16": 8, "q4_1_x16": 9, "q5_0_x16": 10, "q8_0_x16": 11, "iq4_nl_x16": 12,
+                "q4_K_x16": 13, "q6_K_x16": 14}
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,8 @@ def register(llama_lib_dir: Path) -> Status:
     _lib = loaded
     isa = force_isa(wanted) if wanted else ISAS.get(loaded.speclm_kernels_isa(0), "?")
     off = interleaved_off()
-    q4k = ("Q4_K in ggml's layout or CPU_REPACK's, the 32-value formats in ggml's or speclm's X16 (every row count)"
-           if off is None else f"Q4_K and the 32-value formats in ggml's layout only: {off}")
+    q4k = ("weights in ggml's layout (speclm) or speclm's X16 (speclm-repack: every row count)"
+           if off is None else f"weights in ggml's layout only: {off}")
     _status = Status(True, f"{isa} for {lo}-{hi} rows; {q4k}", isa)
     return _status
 
@@ -149,8 +149,8 @@ def status() -> Status:
 def claiming(on: bool, interleaved: bool = False):
     """Models loaded inside put their Q4_K/Q6_K and 32-value-format (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL)
     matmul weights in speclm's buffer (on) or not;
-    interleaved: Q4_K weights in CPU_REPACK's layout (see `interleaved_off`), the 32-value formats
-    with rows in sixteens in speclm's X16 layout."""
+    interleaved: the weights with rows in sixteens in speclm's X16 layout (`speclm-repack`; see
+    `interleaved_off`)."""
     if _lib is None:
         if on:
             raise RuntimeError(f"speclm's kernels are not available: {status().reason}")

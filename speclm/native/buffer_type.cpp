@@ -1,17 +1,15 @@
-// speclm's kernels inside llama.cpp's own graph: two extra CPU buffer types, put first in the list
+// speclm's kernels inside llama.cpp's own graph: extra CPU buffer types, put first in the list
 // libggml-cpu consults, that claim the Q4_K, Q6_K and 32-value-block (Q4_0, Q4_1, Q5_0, Q8_0,
-// IQ4_NL) matmul weights of the models loaded while claiming is on and compute their multi-row
-// matmuls on ggml's own threads.
+// IQ4_NL) matmul weights of the models loaded while claiming is on and compute their matmuls on
+// ggml's own threads.
 //
-// CPU_SPECLM holds weights in ggml's own layout (ggml's CPU buffer, relabelled): Q6_K and the
-// 32-value formats always, Q4_K for the `speclm` configuration. CPU_SPECLM_Q4KX8 holds Q4_K weights as ggml's CPU_REPACK lays them
-// out (its buffer, relabelled: ggml repacks them as they load), for `speclm-repack`. Any matmul these
-// kernels decline (a row count outside the range, a shape they do not take) runs ggml's own code on
-// the same bytes: vec_dot for the first type, CPU_REPACK's kernels for the second, so on
-// `speclm-repack` a one-row decode costs what it costs on `repack`. CPU_SPECLM_Q32X16 holds the 32-value
-// formats with rows in sixteens, for `speclm-repack`, in speclm's own interleaved layout (X16: its buffers
-// repack each weight as it is set) and computes every matmul on them, one row included.
-// docs/kernels.md#speclms-kernels explains the contract.
+// CPU_SPECLM holds weights in ggml's own layout (ggml's CPU buffer, relabelled), for the `speclm`
+// configuration: a matmul its kernels decline (a row count outside the range) runs ggml's vec_dot on
+// the same bytes. CPU_SPECLM_X16 holds them with rows in sixteens in speclm's interleaved layout (X16:
+// its buffers repack each weight as it is set), for `speclm-repack`, and computes every matmul on them,
+// one row included. CPU_SPECLM_Q4KX8 holds the Q4_K weights X16 cannot (rows in eights, not sixteens)
+// as ggml's CPU_REPACK lays them out (its buffer, relabelled), its declined matmuls going to
+// CPU_REPACK's kernels. docs/kernels.md#speclms-kernels explains the contract.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -72,11 +70,11 @@ bool takes(const tensor *op) {
            ny <= max_rows.load();
 }
 
-// The X16 type of a 32-value weight with rows in sixteens (false: the X16 layout does not take it).
+// The X16 type of a weight with rows in sixteens (false: the X16 layout does not take it).
 bool x16_type(const tensor *w, speclm::WeightType &out) {
     speclm::WeightType type;
-    if (!weight_type(w->type, type) || !speclm::is_q32(type)) return false;
-    if (w->ne[1] % 16 != 0 || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::QK32 != 0) return false;
+    if (!weight_type(w->type, type) || type == speclm::WeightType::Q4_K_X8) return false;
+    if (w->ne[1] % 16 != 0 || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::block_values(type) != 0) return false;
     if (w->nb[1] != g.row_size(w->type, w->ne[0]) || (w->view_src && w->view_offs % (16 * w->nb[1])))
         return false;  // rows not packed, or a view that does not start at a group of sixteen
     out = speclm::x16_of(type);
@@ -223,7 +221,7 @@ class Extra : public extra_buffer_type {  // CPU_SPECLM
         if (op->op != op_mul_mat || !in(op->src[0], &our_type)) return false;
         if (loading(op) && (!claiming.load() ||
                             (interleaved.load() && (repack_interleaves(op->src[0]) || x16_able(op->src[0])))))
-            return false;  // not this model's, or for CPU_SPECLM_Q4KX8 / CPU_SPECLM_Q32X16
+            return false;  // not this model's, or for CPU_SPECLM_Q4KX8 / CPU_SPECLM_X16
         return shape_ok(op);
     }
 
@@ -245,7 +243,7 @@ class ExtraX8 : public extra_buffer_type {  // CPU_SPECLM_Q4KX8
     }
 };
 
-class ExtraX16 : public extra_buffer_type {  // CPU_SPECLM_Q32X16: MUL_MAT only (no GET_ROWS, no other op)
+class ExtraX16 : public extra_buffer_type {  // CPU_SPECLM_X16: MUL_MAT only (no GET_ROWS, no other op)
   public:
     bool supports_op(void *, const tensor *op) override {
         if (op->op != op_mul_mat || !in(op->src[0], &our_x16_type)) return false;
@@ -283,19 +281,23 @@ void x16_set_tensor(buffer *, tensor *t, const void *data, size_t offset, size_t
     speclm::WeightType type;
     if (!x16_type(t, type)) die("a tensor the X16 layout does not take was placed in its buffer", t);
     if (offset != 0 || size != tensor_bytes(t)) die("a weight was set in parts", t);
-    speclm::repack_x16(speclm::plain_of(type), (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
+    const auto plain = speclm::plain_of(type);
+    if (speclm::is_k16(type)) speclm::repack_k16(plain, (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
+    else speclm::repack_x16(plain, (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
 }
 
 void x16_get_tensor(buffer *, const tensor *t, void *data, size_t offset, size_t size) {
     speclm::WeightType type;
     const size_t row = t->nb[1];
     if (!x16_type(t, type) || offset % row || size % row) die("a read of part of a row", t);
-    for (size_t r = 0; r < size / row; ++r)
-        speclm::unpack_x16_row(speclm::plain_of(type), (const uint8_t *)t->data, t->ne[0], (int64_t)(offset / row + r),
-                               (uint8_t *)data + r * row);
+    for (size_t r = 0; r < size / row; ++r) {
+        const int64_t at = (int64_t)(offset / row + r);
+        if (speclm::is_k16(type)) speclm::unpack_k16_row(speclm::plain_of(type), (const uint8_t *)t->data, t->ne[0], at, (uint8_t *)data + r * row);
+        else speclm::unpack_x16_row(speclm::plain_of(type), (const uint8_t *)t->data, t->ne[0], at, (uint8_t *)data + r * row);
+    }
 }
 
-const char *x16_type_get_name(buffer_type *) { return "CPU_SPECLM_Q32X16"; }
+const char *x16_type_get_name(buffer_type *) { return "CPU_SPECLM_X16"; }
 
 buffer *x16_type_alloc_buffer(buffer_type *bt, size_t size) {
     buffer *b = g.buft_alloc_buffer(g.cpu_buffer_type(), size);
@@ -307,7 +309,8 @@ buffer *x16_type_alloc_buffer(buffer_type *bt, size_t size) {
     return b;
 }
 
-// CPU_REPACK in the list, checked to interleave Q4_K as x8_row_block reads it: eight rows of random
+// CPU_REPACK in the list, checked to interleave Q4_K as x8_row_block reads it (speclm-repack needs it for
+// the Q4_K weights X16 cannot take): eight rows of random
 // blocks set through ggml (which repacks them) must read back, row by row, as they were given.
 // Returns "" or why the interleaved kernels stay off (Q4_K weights then keep ggml's layout).
 std::string check_repack(std::vector<buffer_type *> &list) {
@@ -431,6 +434,13 @@ __attribute__((visibility("default"))) const char *speclm_kernels_interleaved_of
 __attribute__((visibility("default"))) int speclm_repack_x16(int type, const void *src, int64_t rows, int64_t k,
                                                             void *dst, int out) {
     auto wt = (speclm::WeightType)type;
+    if (type == 0 || type == 1) {  // Q4_K, Q6_K
+        if (out == 0) return speclm::repack_k16(wt, (const uint8_t *)src, rows, k, (uint8_t *)dst) ? 0 : -1;
+        if (rows % 16 || k % 256 || k <= 0) return -1;
+        for (int64_t r = 0; r < rows; ++r)
+            speclm::unpack_k16_row(wt, (const uint8_t *)src, k, r, (uint8_t *)dst + r * speclm::weight_block_bytes(wt) * (k / 256));
+        return 0;
+    }
     if (type < 3 || type > 7) return -1;
     if (out == 0) return speclm::repack_x16(wt, (const uint8_t *)src, rows, k, (uint8_t *)dst) ? 0 : -1;
     if (rows % 16 || k % 32 || k <= 0) return -1;
@@ -442,7 +452,7 @@ __attribute__((visibility("default"))) int speclm_repack_x16(int type, const voi
 
 __attribute__((visibility("default"))) double speclm_gemm(int type, const void *w, int64_t nrows, int64_t k,
                                                          const float *x, int ny, float *out, int isa_, int reps) {
-    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 12) return -1;
+    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 14) return -1;
     auto wt = (speclm::WeightType)type;
     if (k % speclm::block_values(wt) || (wt == speclm::WeightType::Q4_K_X8 && nrows % 8) ||
         (speclm::is_x16(wt) && nrows % 16))

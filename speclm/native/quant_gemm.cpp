@@ -441,11 +441,12 @@ __attribute__((target(SPECLM_AVX512))) void gemm_x8_avx512(const uint8_t *w, siz
 
 size_t weight_block_bytes(WeightType type) {
     if (is_q32(type)) return block_bytes32(type);
-    return type == WeightType::Q6_K ? Q6K::bytes : Q4K::bytes;
+    return type == WeightType::Q6_K || type == WeightType::Q6_K_X16 ? Q6K::bytes : Q4K::bytes;
 }
 
 void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,
           float *dst, size_t dst_stride, Isa isa) {
+    if (is_k16(type)) return gemm_k16(type, w, w_row_bytes, r0, r1, act, dst, dst_stride, isa);
     using Kernel = void (*)(const uint8_t *, size_t, int64_t, int64_t, const Activations &, int, int, float *, size_t);
     const bool wide = isa == Isa::AVX512_VNNI;
     Kernel kernel = type == WeightType::Q4_K   ? (wide ? gemm_avx512<Q4K> : gemm_avx2<Q4K>)

@@ -17,7 +17,7 @@ namespace speclm {
 // groups of sixteen, the row size still the format's.
 enum class WeightType : int {
     Q4_K = 0, Q6_K = 1, Q4_K_X8 = 2, Q4_0 = 3, Q4_1 = 4, Q5_0 = 5, Q8_0 = 6, IQ4_NL = 7,
-    Q4_0_X16 = 8, Q4_1_X16 = 9, Q5_0_X16 = 10, Q8_0_X16 = 11, IQ4_NL_X16 = 12
+    Q4_0_X16 = 8, Q4_1_X16 = 9, Q5_0_X16 = 10, Q8_0_X16 = 11, IQ4_NL_X16 = 12, Q4_K_X16 = 13, Q6_K_X16 = 14
 };
 enum class Isa : int { NONE = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
@@ -25,15 +25,24 @@ constexpr int QK = 256;  // values per block, weights and activations alike
 
 constexpr int QK32 = 32;  // values per block of the 32-value formats, weights and activations alike
 
-inline bool is_q32(WeightType type) { return (int)type >= (int)WeightType::Q4_0; }
+inline bool is_k16(WeightType type) { return type == WeightType::Q4_K_X16 || type == WeightType::Q6_K_X16; }
+inline bool is_q32(WeightType type) { return (int)type >= (int)WeightType::Q4_0 && !is_k16(type); }
 inline bool is_x16(WeightType type) { return (int)type >= (int)WeightType::Q4_0_X16; }
-// A 32-value format's place in the order Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL (0..4), in either layout, and
-// the same format in the other layout.
+// A 32-value format's place in the order Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL (0..4), in either layout.
 inline int q32_format(WeightType type) {
     return (int)type - (int)(is_x16(type) ? WeightType::Q4_0_X16 : WeightType::Q4_0);
 }
-inline WeightType x16_of(WeightType plain) { return (WeightType)((int)WeightType::Q4_0_X16 + q32_format(plain)); }
-inline WeightType plain_of(WeightType x16) { return (WeightType)((int)WeightType::Q4_0 + q32_format(x16)); }
+// A format in the X16 layout (Q4_K, Q6_K or a 32-value one), and the same format in ggml's.
+inline WeightType x16_of(WeightType plain) {
+    if (plain == WeightType::Q4_K) return WeightType::Q4_K_X16;
+    if (plain == WeightType::Q6_K) return WeightType::Q6_K_X16;
+    return (WeightType)((int)WeightType::Q4_0_X16 + q32_format(plain));
+}
+inline WeightType plain_of(WeightType x16) {
+    if (x16 == WeightType::Q4_K_X16) return WeightType::Q4_K;
+    if (x16 == WeightType::Q6_K_X16) return WeightType::Q6_K;
+    return (WeightType)((int)WeightType::Q4_0 + q32_format(x16));
+}
 inline int block_values(WeightType type) { return is_q32(type) ? QK32 : QK; }
 
 // 144 (Q4_K and Q4_K_X8, per row), 210 (Q6_K), 18 (Q4_0, IQ4_NL), 20 (Q4_1), 22 (Q5_0), 34 (Q8_0)
@@ -65,6 +74,15 @@ void quantize_rows(const float *x, size_t x_stride, int j0, int j1, Activations 
 // of 8). `isa` must be one the CPU has (best_isa()).
 void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,
           float *dst, size_t dst_stride, Isa isa);
+
+// Q4_K and Q6_K in the X16 layout (quant_gemm_k16.cpp): dst[j * dst_stride + r] = W[r] . x[j], r0 and r1
+// multiples of 16; each output summed the same way whatever act.ny, one row included.
+void gemm_k16(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,
+              float *dst, size_t dst_stride, Isa isa);
+// `rows` (a multiple of 16) Q4_K or Q6_K rows of K values (ggml's layout) at src in the X16 layout at dst (the
+// same number of bytes). False: a type or shape the layout does not take. And one X16 row back as ggml's blocks.
+bool repack_k16(WeightType type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst);
+void unpack_k16_row(WeightType type, const uint8_t *x16, int64_t k, int64_t row, uint8_t *out);
 
 // Row `lane` (0..7)'s block as a plain Q4_K block (144 bytes), from one interleaved block: the layout's
 // definition, in scalar code (the registration's check of ggml's repacking, and the tests').
