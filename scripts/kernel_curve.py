@@ -27,6 +27,10 @@ import sys
 BLOCKS = (1, 2, 3, 4, 8, 16, 32, 64)
 
 
+def blocks_of(args: argparse.Namespace) -> tuple[int, ...]:
+    return tuple(int(b) for b in args.blocks.split(",")) if args.blocks else BLOCKS
+
+
 def child(args: argparse.Namespace) -> None:
     from speclm import native
     from speclm.backends import kernels as K
@@ -37,7 +41,7 @@ def child(args: argparse.Namespace) -> None:
     path = resolve_model(args.model)
     K.apply(config, path.name)
     backend = LlamaCppBackend(path, n_ctx=1024, n_threads=args.threads, n_seq_max=1, kernels=config)
-    curve = time_curve(backend, BLOCKS, 64, args.repeats, statistics.median)
+    curve = time_curve(backend, blocks_of(args), 64, args.repeats, statistics.median)
     prefill = time_prefill(backend, args.prefill_tokens, args.repeats, statistics.median)
     print(json.dumps({"v_ms": curve, "prefill_ms": prefill, "native": native.status().reason,
                       "handled": native.handled()}))
@@ -51,6 +55,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefill-tokens", type=int, default=512)
+    p.add_argument("--blocks", default="", help="the block sizes to time (default: " + ",".join(map(str, BLOCKS)) + ")")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -62,7 +67,7 @@ def main() -> None:
     for r in range(args.rounds):
         for c in (configs if r % 2 == 0 else configs[::-1]):
             cmd = [sys.executable, __file__, "--child", c, "--model", args.model, "--repeats", str(args.repeats),
-                   "--threads", str(args.threads), "--prefill-tokens", str(args.prefill_tokens)]
+                   "--threads", str(args.threads), "--prefill-tokens", str(args.prefill_tokens), "--blocks", args.blocks]
             env = dict(os.environ)
             for setting in filter(None, c.partition("@")[2].split("@")):
                 key, _, value = setting.partition("=")
@@ -71,13 +76,13 @@ def main() -> None:
             found[c].append(json.loads(out.strip().splitlines()[-1]))
     print(f"{cpu_model()}; {args.model}; {args.threads} threads; {args.rounds} rounds x median of {args.repeats}; "
           f"load {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
-    base = None
+    base, blocks = None, blocks_of(args)
     for c in configs:
-        med = {b: statistics.median(run["v_ms"][str(b)] for run in found[c]) for b in BLOCKS}
+        med = {b: statistics.median(run["v_ms"][str(b)] for run in found[c]) for b in blocks}
         pre = statistics.median(run["prefill_ms"] for run in found[c])
         base = base or (med, pre)
-        cells = "  ".join(f"v({b}) {med[b]:7.1f} ({med[b] / base[0][b]:.2f}, {med[b] / med[1]:.2f} steps)"
-                          for b in BLOCKS)
+        cells = "  ".join(f"v({b}) {med[b]:7.1f} ({med[b] / base[0][b]:.2f}, {med[b] / med[blocks[0]]:.2f} steps)"
+                          for b in blocks)
         print(f"{c:<14} {cells}  prefill({args.prefill_tokens}) {pre:7.0f} ({pre / base[1]:.2f})  "
               f"[{found[c][0]['native']}; {found[c][0]['handled']} matmuls by speclm's kernels]")
 

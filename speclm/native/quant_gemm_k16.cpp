@@ -188,45 +188,82 @@ __attribute__((target(SPECLM_AVX512))) void q4k_x16_avx512(const uint8_t *w, siz
 
 // AVX2: the same sums with madd in place of vpdpwssd, eight rows (half hf of the group) a register; both
 // halves of a block before the next block, so the weights stream through once.
+//
+// vpshufb controls that spread bytes 8hf..8hf+7 of a register (its 128 bits in both halves) into
+// (v, v) int16 pairs, one row a 32-bit lane.
+__attribute__((target(SPECLM_AVX2))) inline __m256i dup_rows(int hf) {
+    const int base = 8 * hf;
+    return _mm256_setr_epi32((int)(0x80008000u | (base + 0) * 0x10001u), (int)(0x80008000u | (base + 1) * 0x10001u),
+                             (int)(0x80008000u | (base + 2) * 0x10001u), (int)(0x80008000u | (base + 3) * 0x10001u),
+                             (int)(0x80008000u | (base + 4) * 0x10001u), (int)(0x80008000u | (base + 5) * 0x10001u),
+                             (int)(0x80008000u | (base + 6) * 0x10001u), (int)(0x80008000u | (base + 7) * 0x10001u));
+}
+
+// Sixteen rows' scales and mins of sub-block s (16 bytes each, row r at byte r).
+__attribute__((target(SPECLM_AVX2))) inline void q4k_bytes(const uint8_t *sb, int s, __m128i &scale, __m128i &min) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(sb + Q4KX16::SC + 16 * s));
+    const __m128i hi = _mm_loadu_si128((const __m128i *)(sb + Q4KX16::MH + 16 * (s / 2)));
+    const __m128i m15 = _mm_set1_epi8(15), m3 = _mm_set1_epi8(3);
+    scale = _mm_and_si128(v, _mm_set1_epi8(63));
+    const __m128i high = _mm_and_si128(s % 2 ? _mm_srli_epi16(hi, 4) : hi, m15);
+    min = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 6), m3), _mm_slli_epi16(high, 2));
+}
+
 __attribute__((target(SPECLM_AVX2))) void q4k_x16_avx2(const uint8_t *w, size_t row_bytes, int64_t r0, int64_t r1,
                                                        const Activations &act, int j0, int j1, float *dst,
                                                        size_t dst_stride) {
     __m256 acc[2][ROW_TILE];
     __m256i isum[ROW_TILE];
     const int n = j1 - j0;
-    const __m256i low = _mm256_set1_epi8(0x0F), m63 = _mm256_set1_epi32(63), m15 = _mm256_set1_epi32(15);
+    const __m256i low = _mm256_set1_epi8(0x0F), dup[2] = {dup_rows(0), dup_rows(1)};
     for (int64_t rt = r0; rt < r1; rt += GROUP_ROWS) {
         for (int j = 0; j < n; ++j) acc[0][j] = acc[1][j] = _mm256_setzero_ps();
         for (int b = 0; b < act.nb; ++b) {
             const uint8_t *sb = superblock(w, row_bytes, Q4KX16::bytes, rt, b);
+            __m256i scales[8], mins[8];  // both halves' bytes in each 128-bit half
+            for (int s = 0; s < 8; ++s) {
+                __m128i sc, mn;
+                q4k_bytes(sb, s, sc, mn);
+                scales[s] = _mm256_broadcastsi128_si256(sc);
+                mins[s] = _mm256_broadcastsi128_si256(mn);
+                prefetch_part(sb, Q4KX16::bytes, s, 8);
+            }
             for (int hf = 0; hf < 2; ++hf) {
                 for (int j = 0; j < n; ++j) isum[j] = _mm256_setzero_si256();
-                for (int s = 0; s < 8; ++s) {
-                    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sb + Q4KX16::SC + 16 * s + 8 * hf)));
-                    const __m256i sc = dup256(_mm256_and_si256(v, m63));
-                    if (hf == 0) prefetch_part(sb, Q4KX16::bytes, s, 8);
-                    const int c = s / 2;
-                    __m256i q[8];
-                    for (int i = 0; i < 8; ++i) {
-                        const __m256i x = _mm256_loadu_si256((const __m256i *)(sb + Q4KX16::QS + 64 * (8 * c + i) + 32 * hf));
-                        q[i] = _mm256_and_si256(s % 2 ? _mm256_srli_epi16(x, 4) : x, low);
+                for (int c = 0; c < 4; ++c) {
+                    const __m256i sc0 = _mm256_shuffle_epi8(scales[2 * c], dup[hf]);
+                    const __m256i sc1 = _mm256_shuffle_epi8(scales[2 * c + 1], dup[hf]);
+                    const uint8_t *chunks = sb + Q4KX16::QS + 64 * 8 * c + 32 * hf;
+                    if (n == 1) {  // one row: each chunk once, both nibbles
+                        const int8_t *y = act.row_qs(b, j0) + 64 * c;
+                        __m256i a = _mm256_setzero_si256(), h = _mm256_setzero_si256();
+                        for (int i = 0; i < 8; ++i) {
+                            const __m256i x = _mm256_loadu_si256((const __m256i *)(chunks + 64 * i));
+                            a = _mm256_add_epi16(a, _mm256_maddubs_epi16(_mm256_and_si256(x, low), _mm256_set1_epi32(int_at(y + 4 * i))));
+                            h = _mm256_add_epi16(h, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(x, 4), low),
+                                                                         _mm256_set1_epi32(int_at(y + 32 + 4 * i))));
+                        }
+                        isum[0] = _mm256_add_epi32(isum[0], _mm256_add_epi32(_mm256_madd_epi16(a, sc0), _mm256_madd_epi16(h, sc1)));
+                        continue;
                     }
-                    for (int j = 0; j < n; ++j) {
-                        const int8_t *y = act.row_qs(b, j0 + j) + 32 * s;
-                        __m256i a = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(int_at(y)));
-                        for (int i = 1; i < 8; ++i)
-                            a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[i], _mm256_set1_epi32(int_at(y + 4 * i))));
-                        isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(a, sc));
+                    for (int half = 0; half < 2; ++half) {  // sub-block 2c + half: the low nibbles, then the high
+                        __m256i q[8];
+                        for (int i = 0; i < 8; ++i) {
+                            const __m256i x = _mm256_loadu_si256((const __m256i *)(chunks + 64 * i));
+                            q[i] = _mm256_and_si256(half ? _mm256_srli_epi16(x, 4) : x, low);
+                        }
+                        const __m256i sc = half ? sc1 : sc0;
+                        for (int j = 0; j < n; ++j) {
+                            const int8_t *y = act.row_qs(b, j0 + j) + 64 * c + 32 * half;
+                            __m256i a = _mm256_maddubs_epi16(q[0], _mm256_set1_epi32(int_at(y)));
+                            for (int i = 1; i < 8; ++i)  // |a| <= 16 · 15 · 128 < 2^15
+                                a = _mm256_add_epi16(a, _mm256_maddubs_epi16(q[i], _mm256_set1_epi32(int_at(y + 4 * i))));
+                            isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(a, sc));
+                        }
                     }
                 }
                 __m256i mn[8];
-                for (int s = 0; s < 8; ++s) {
-                    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sb + Q4KX16::SC + 16 * s + 8 * hf)));
-                    const __m256i hi = _mm256_cvtepu8_epi32(
-                        _mm_loadl_epi64((const __m128i *)(sb + Q4KX16::MH + 16 * (s / 2) + 8 * hf)));
-                    const __m256i high = _mm256_and_si256(_mm256_srli_epi32(hi, 4 * (s % 2)), m15);
-                    mn[s] = dup256(_mm256_or_si256(_mm256_srli_epi32(v, 6), _mm256_slli_epi32(high, 2)));
-                }
+                for (int s = 0; s < 8; ++s) mn[s] = _mm256_shuffle_epi8(mins[s], dup[hf]);
                 const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + Q4KX16::D + 16 * hf)));
                 const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + Q4KX16::DMIN + 16 * hf)));
                 for (int j = 0; j < n; ++j) {
