@@ -226,11 +226,11 @@ __attribute__((target(SPECLM_AVX2))) void q4k_x16_avx2(const uint8_t *w, size_t 
                 q4k_bytes(sb, s, sc, mn);
                 scales[s] = _mm256_broadcastsi128_si256(sc);
                 mins[s] = _mm256_broadcastsi128_si256(mn);
-                prefetch_part(sb, Q4KX16::bytes, s, 8);
             }
             for (int hf = 0; hf < 2; ++hf) {
                 for (int j = 0; j < n; ++j) isum[j] = _mm256_setzero_si256();
                 for (int c = 0; c < 4; ++c) {
+                    prefetch_part(sb, Q4KX16::bytes, 4 * hf + c, 8);
                     const __m256i sc0 = _mm256_shuffle_epi8(scales[2 * c], dup[hf]);
                     const __m256i sc1 = _mm256_shuffle_epi8(scales[2 * c + 1], dup[hf]);
                     const uint8_t *chunks = sb + Q4KX16::QS + 64 * 8 * c + 32 * hf;
