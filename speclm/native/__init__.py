@@ -32,8 +32,8 @@ ROWS = (2, 64)  # one-row decode stays on llama.cpp's kernels; prefill chunks pa
 ISAS = {1: "avx2", 2: "avx512-vnni"}
 # q4_K_x8: eight rows interleaved as CPU_REPACK does; q4_0 .. iq4_nl: the 32-value block formats, their
 # activations quantised per 32 values as ggml's Q8_0 does (quant_gemm.h: Activations32)
-# q4_0_x16 .. iq4_nl_x16: the same formats in speclm's interleaved layout (quant_gemm_q32x16.cpp; `gemm` repacks
-# the GGUF bytes it is given)
+# q4_0_x16 .. iq4_nl_x16, q4_K_x16, q6_K_x16: those formats in speclm's interleaved layout (quant_gemm_q32x16.cpp,
+# quant_gemm_k16.cpp; `gemm` repacks the GGUF bytes it is given)
 WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2, "q4_0": 3, "q4_1": 4, "q5_0": 5, "q8_0": 6, "iq4_nl": 7,
                 "q4_0_x16": 8, "q4_1_x16": 9, "q5_0_x16": 10, "q8_0_x16": 11, "iq4_nl_x16": 12,
                 "q4_K_x16": 13, "q6_K_x16": 14}
@@ -195,8 +195,8 @@ def _library() -> ctypes.CDLL:
 
 
 def repack_x16(weight_type: str, blocks: np.ndarray, k: int, back: bool = False) -> np.ndarray:
-    """A 32-value format's rows (raw GGUF bytes, rows x bytes per row; rows a multiple of 16) in speclm's
-    X16 layout, or (back) X16 rows in ggml's layout again; weight_type: "q4_0" .. "iq4_nl"."""
+    """Rows of a format (raw GGUF bytes, rows x bytes per row; rows a multiple of 16) in speclm's X16
+    layout, or (back) X16 rows in ggml's layout again; weight_type: "q4_K", "q6_K" or "q4_0" .. "iq4_nl"."""
     lib = _library()
     blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
     out = np.empty_like(blocks)

@@ -424,11 +424,11 @@ __attribute__((visibility("default"))) const char *speclm_kernels_interleaved_of
 
 // One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K;
 // type 0 Q4_K, 1 Q6_K, 2 Q4_K interleaved as CPU_REPACK does (nrows a multiple of 8); 3..7 Q4_0, Q4_1,
-// Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32); 8..12 the same in the X16 layout
-// (speclm_repack_x16's output; nrows a multiple of 16).
+// Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32); 8..12 the same in the X16 layout and
+// 13, 14 Q4_K, Q6_K in it (speclm_repack_x16's output; nrows a multiple of 16).
 // reps > 0: compute it that many times and return the fastest one's thread CPU time in ns (the
 // quantisation of x not counted), to compare kernels on a shared machine.
-// `rows` rows of K values of 32-value format `type` (3..7 as in speclm_gemm) in ggml's layout at src, in
+// `rows` rows of K values of format `type` (0, 1 or 3..7 as in speclm_gemm) in ggml's layout at src, in
 // the X16 layout at dst (out = 0), or (out = 1) the X16 rows at src back in ggml's layout. 0, or -1: a type
 // or shape the layout does not take.
 __attribute__((visibility("default"))) int speclm_repack_x16(int type, const void *src, int64_t rows, int64_t k,
