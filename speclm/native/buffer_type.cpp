@@ -73,7 +73,7 @@ bool takes(const tensor *op) {
 // The X16 type of a weight with rows in sixteens (false: the X16 layout does not take it).
 bool x16_type(const tensor *w, speclm::WeightType &out) {
     speclm::WeightType type;
-    if (!weight_type(w->type, type) || type == speclm::WeightType::Q4_K_X8) return false;
+    if (!weight_type(w->type, type)) return false;
     if (w->ne[1] % 16 != 0 || w->ne[2] != 1 || w->ne[3] != 1 || w->ne[0] % speclm::block_values(type) != 0) return false;
     if (w->nb[1] != g.row_size(w->type, w->ne[0]) || (w->view_src && w->view_offs % (16 * w->nb[1])))
         return false;  // rows not packed, or a view that does not start at a group of sixteen
@@ -281,20 +281,16 @@ void x16_set_tensor(buffer *, tensor *t, const void *data, size_t offset, size_t
     speclm::WeightType type;
     if (!x16_type(t, type)) die("a tensor the X16 layout does not take was placed in its buffer", t);
     if (offset != 0 || size != tensor_bytes(t)) die("a weight was set in parts", t);
-    const auto plain = speclm::plain_of(type);
-    if (speclm::is_k16(type)) speclm::repack_k16(plain, (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
-    else speclm::repack_x16(plain, (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
+    speclm::repack_x16(speclm::plain_of(type), (const uint8_t *)data, t->ne[1], t->ne[0], (uint8_t *)t->data);
 }
 
 void x16_get_tensor(buffer *, const tensor *t, void *data, size_t offset, size_t size) {
     speclm::WeightType type;
     const size_t row = t->nb[1];
     if (!x16_type(t, type) || offset % row || size % row) die("a read of part of a row", t);
-    for (size_t r = 0; r < size / row; ++r) {
-        const int64_t at = (int64_t)(offset / row + r);
-        if (speclm::is_k16(type)) speclm::unpack_k16_row(speclm::plain_of(type), (const uint8_t *)t->data, t->ne[0], at, (uint8_t *)data + r * row);
-        else speclm::unpack_x16_row(speclm::plain_of(type), (const uint8_t *)t->data, t->ne[0], at, (uint8_t *)data + r * row);
-    }
+    for (size_t r = 0; r < size / row; ++r)
+        speclm::unpack_x16_row(speclm::plain_of(type), (const uint8_t *)t->data, t->ne[0], (int64_t)(offset / row + r),
+                               (uint8_t *)data + r * row);
 }
 
 const char *x16_type_get_name(buffer_type *) { return "CPU_SPECLM_X16"; }
@@ -434,17 +430,11 @@ __attribute__((visibility("default"))) const char *speclm_kernels_interleaved_of
 __attribute__((visibility("default"))) int speclm_repack_x16(int type, const void *src, int64_t rows, int64_t k,
                                                             void *dst, int out) {
     auto wt = (speclm::WeightType)type;
-    if (type == 0 || type == 1) {  // Q4_K, Q6_K
-        if (out == 0) return speclm::repack_k16(wt, (const uint8_t *)src, rows, k, (uint8_t *)dst) ? 0 : -1;
-        if (rows % 16 || k % 256 || k <= 0) return -1;
-        for (int64_t r = 0; r < rows; ++r)
-            speclm::unpack_k16_row(wt, (const uint8_t *)src, k, r, (uint8_t *)dst + r * speclm::weight_block_bytes(wt) * (k / 256));
-        return 0;
-    }
-    if (type < 3 || type > 7) return -1;
+    if (type < 0 || type > 7 || wt == speclm::WeightType::Q4_K_X8) return -1;
     if (out == 0) return speclm::repack_x16(wt, (const uint8_t *)src, rows, k, (uint8_t *)dst) ? 0 : -1;
-    if (rows % 16 || k % 32 || k <= 0) return -1;
-    const size_t row_bytes = speclm::block_bytes32(wt) * (size_t)(k / 32);
+    const int values = speclm::block_values(wt);
+    if (rows % 16 || k % values || k <= 0) return -1;
+    const size_t row_bytes = speclm::weight_block_bytes(wt) * (size_t)(k / values);
     for (int64_t r = 0; r < rows; ++r)
         speclm::unpack_x16_row(wt, (const uint8_t *)src, k, r, (uint8_t *)dst + r * row_bytes);
     return 0;

@@ -458,26 +458,31 @@ void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int
     }
 }
 
+void q4k_scale_min(int j, const uint8_t q[12], uint8_t &scale, uint8_t &min) {
+    if (j < 4) {
+        scale = q[j] & 63;
+        min = q[j + 4] & 63;
+    } else {
+        scale = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        min = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+void q4k_pack_scales(const uint8_t scale[8], const uint8_t min[8], uint8_t q[12]) {
+    for (int j = 0; j < 4; ++j) {
+        q[j] = (uint8_t)(scale[j] | ((scale[j + 4] >> 4) << 6));
+        q[j + 4] = (uint8_t)(min[j] | ((min[j + 4] >> 4) << 6));
+        q[j + 8] = (uint8_t)((scale[j + 4] & 0xF) | ((min[j + 4] & 0xF) << 4));
+    }
+}
+
 void x8_row_block(const uint8_t *x8, int lane, uint8_t out[144]) {
     std::memcpy(out, x8 + X8::D + 2 * lane, 2);
     std::memcpy(out + 2, x8 + X8::DMIN + 2 * lane, 2);
-    uint8_t s[8], m[8];  // the row's 6-bit scales and mins, sub-block by sub-block
-    for (int sb = 0; sb < 8; ++sb) {
-        const uint8_t *q = x8 + X8::SCALES + 12 * sb;  // packed as a Q4_K block packs its sub-blocks
-        if (lane < 4) {
-            s[sb] = q[lane] & 63;
-            m[sb] = q[lane + 4] & 63;
-        } else {
-            s[sb] = (q[lane + 4] & 0xF) | ((q[lane - 4] >> 6) << 4);
-            m[sb] = (q[lane + 4] >> 4) | ((q[lane] >> 6) << 4);
-        }
-    }
-    uint8_t *sc = out + 4;
-    for (int j = 0; j < 4; ++j) {
-        sc[j] = (uint8_t)(s[j] | ((s[j + 4] >> 4) << 6));
-        sc[j + 4] = (uint8_t)(m[j] | ((m[j + 4] >> 4) << 6));
-        sc[j + 8] = (uint8_t)((s[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
-    }
+    uint8_t s[8], m[8];  // the row's 6-bit scales and mins, sub-block by sub-block: the eight rows' of
+    for (int sb = 0; sb < 8; ++sb)  // sub-block sb are packed as a Q4_K block packs its sub-blocks
+        q4k_scale_min(lane, x8 + X8::SCALES + 12 * sb, s[sb], m[sb]);
+    q4k_pack_scales(s, m, out + 4);
     for (int i = 0; i < 16; ++i) std::memcpy(out + 16 + 8 * i, x8 + X8::QS + 64 * i + 8 * lane, 8);
 }
 

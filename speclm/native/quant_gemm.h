@@ -7,14 +7,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace speclm {
 
 // Q4_K_X8: Q4_K weights as ggml's CPU_REPACK buffer lays them out on x86 (block_q4_Kx8: eight rows'
 // blocks interleaved); rows come in groups of eight, and the row size is still the Q4_K one.
 // Q4_0 .. IQ4_NL: ggml's 32-value block formats in ggml's layout (is_q32).
-// Q4_0_X16 .. IQ4_NL_X16: the same formats in speclm's interleaved layout (is_x16, repack_x16): rows in
-// groups of sixteen, the row size still the format's.
+// Q4_0_X16 .. IQ4_NL_X16, Q4_K_X16, Q6_K_X16: those formats in speclm's interleaved layout (is_x16,
+// repack_x16): rows in groups of sixteen, the row size still the format's.
 enum class WeightType : int {
     Q4_K = 0, Q6_K = 1, Q4_K_X8 = 2, Q4_0 = 3, Q4_1 = 4, Q5_0 = 5, Q8_0 = 6, IQ4_NL = 7,
     Q4_0_X16 = 8, Q4_1_X16 = 9, Q5_0_X16 = 10, Q8_0_X16 = 11, IQ4_NL_X16 = 12, Q4_K_X16 = 13, Q6_K_X16 = 14
@@ -79,10 +80,19 @@ void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int
 // multiples of 16; each output summed the same way whatever act.ny, one row included.
 void gemm_k16(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,
               float *dst, size_t dst_stride, Isa isa);
-// `rows` (a multiple of 16) Q4_K or Q6_K rows of K values (ggml's layout) at src in the X16 layout at dst (the
-// same number of bytes). False: a type or shape the layout does not take. And one X16 row back as ggml's blocks.
+// repack_x16 and unpack_x16_row for Q4_K and Q6_K (quant_gemm_k16.cpp; repack_x16 hands them on).
 bool repack_k16(WeightType type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst);
 void unpack_k16_row(WeightType type, const uint8_t *x16, int64_t k, int64_t row, uint8_t *out);
+
+// Sub-block j's 6-bit scale and min from a Q4_K block's twelve scale bytes (ggml's get_scale_min_k4), and
+// eight of each packed back into twelve bytes.
+void q4k_scale_min(int j, const uint8_t q[12], uint8_t &scale, uint8_t &min);
+void q4k_pack_scales(const uint8_t scale[8], const uint8_t min[8], uint8_t q[12]);
+
+// One field of a block moved between ggml's layout and an X16 superblock: into it, or (back) out of it.
+inline void x16_move(bool back, uint8_t *x16, uint8_t *ggml, size_t n) {
+    std::memcpy(back ? ggml : x16, back ? x16 : ggml, n);
+}
 
 // Row `lane` (0..7)'s block as a plain Q4_K block (144 bytes), from one interleaved block: the layout's
 // definition, in scalar code (the registration's check of ggml's repacking, and the tests').
@@ -115,7 +125,7 @@ void gemm32(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, i
 void gemm32_x16(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1,
                 const Activations32 &act, float *dst, size_t dst_stride, Isa isa);  // quant_gemm_q32x16.cpp
 
-// `rows` (a multiple of 16) rows of K values of the 32-value format `type` (Q4_0 .. IQ4_NL, ggml's layout)
+// `rows` (a multiple of 16) rows of K values of format `type` (Q4_K, Q6_K or Q4_0 .. IQ4_NL, ggml's layout)
 // at src, in the X16 layout at dst (the same number of bytes; dst must not overlap src). False: a type or
 // shape the layout does not take (nothing written).
 bool repack_x16(WeightType type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst);

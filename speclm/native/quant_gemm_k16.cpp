@@ -66,36 +66,16 @@ inline int32_t int_at(const void *p) {
     return v;
 }
 
-// A Q4_K block's eight 6-bit scales and mins (ggml's get_scale_min_k4), and back.
-void q4k_unpack_scales(const uint8_t *q, uint8_t s[8], uint8_t m[8]) {
-    for (int j = 0; j < 8; ++j) {
-        if (j < 4) {
-            s[j] = q[j] & 63;
-            m[j] = q[j + 4] & 63;
-        } else {
-            s[j] = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-            m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-        }
-    }
-}
-
-void q4k_pack_scales(const uint8_t s[8], const uint8_t m[8], uint8_t *q) {
-    for (int j = 0; j < 4; ++j) {
-        q[j] = (uint8_t)(s[j] | ((s[j + 4] >> 4) << 6));
-        q[j + 4] = (uint8_t)(m[j] | ((m[j + 4] >> 4) << 6));
-        q[j + 8] = (uint8_t)((s[j + 4] & 0xF) | ((m[j + 4] & 0xF) << 4));
-    }
-}
-
 // Row r's ggml block `blk` into superblock `sb`, or (back) the other way.
 void place_q4k(uint8_t *sb, int r, uint8_t *blk, bool back) {
-    auto move = [back](uint8_t *x16, uint8_t *ggml, size_t n) { back ? std::memcpy(ggml, x16, n) : std::memcpy(x16, ggml, n); };
+    auto move = [back](uint8_t *x16, uint8_t *ggml, size_t n) { x16_move(back, x16, ggml, n); };
     move(sb + Q4KX16::D + 2 * r, blk, 2);
     move(sb + Q4KX16::DMIN + 2 * r, blk + 2, 2);
     for (int c = 0; c < 4; ++c)
         for (int i = 0; i < 8; ++i) move(sb + Q4KX16::QS + 64 * (8 * c + i) + 4 * r, blk + 16 + 32 * c + 4 * i, 4);
     uint8_t s[8], m[8];
-    if (!back) q4k_unpack_scales(blk + 4, s, m);
+    if (!back)
+        for (int t = 0; t < 8; ++t) q4k_scale_min(t, blk + 4, s[t], m[t]);
     for (int t = 0; t < 8; ++t) {
         uint8_t &sc = sb[Q4KX16::SC + 16 * t + r], &mh = sb[Q4KX16::MH + 16 * (t / 2) + r];
         const int shift = 4 * (t % 2);
@@ -111,7 +91,7 @@ void place_q4k(uint8_t *sb, int r, uint8_t *blk, bool back) {
 }
 
 void place_q6k(uint8_t *sb, int r, uint8_t *blk, bool back) {
-    auto move = [back](uint8_t *x16, uint8_t *ggml, size_t n) { back ? std::memcpy(ggml, x16, n) : std::memcpy(x16, ggml, n); };
+    auto move = [back](uint8_t *x16, uint8_t *ggml, size_t n) { x16_move(back, x16, ggml, n); };
     move(sb + Q6KX16::D + 2 * r, blk + 208, 2);
     for (int t = 0; t < 8; ++t) move(sb + Q6KX16::SC + 32 * t + 2 * r, blk + 192 + 2 * t, 2);
     for (int n = 0; n < 2; ++n)

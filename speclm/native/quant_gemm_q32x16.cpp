@@ -53,7 +53,7 @@ Fields fields_of(WeightType type) {
 
 // Row r's (0..15) ggml block `blk` into superblock `sb`, or (back) the other way.
 void place(const Fields &f, uint8_t *sb, int r, uint8_t *blk, bool back) {
-    auto move = [back](uint8_t *x16, uint8_t *ggml, size_t n) { back ? std::memcpy(ggml, x16, n) : std::memcpy(x16, ggml, n); };
+    auto move = [back](uint8_t *x16, uint8_t *ggml, size_t n) { x16_move(back, x16, ggml, n); };
     move(sb + 2 * r, blk, 2);
     if (f.min) move(sb + 32 + 2 * r, blk + 2, 2);
     for (int c = 0; c < f.qn / 4; ++c) move(sb + f.values + 64 * c + 4 * r, blk + f.qs + 4 * c, 4);
@@ -136,6 +136,7 @@ template <typename T> struct X16Tiles {
 }  // namespace
 
 bool repack_x16(WeightType type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst) {
+    if (type == WeightType::Q4_K || type == WeightType::Q6_K) return repack_k16(type, src, rows, k, dst);
     const Fields f = fields_of(type);
     if (f.bytes == 0 || is_x16(type) || rows % GROUP_ROWS != 0 || k % QK32 != 0 || k <= 0) return false;
     const int64_t nb = k / QK32;
@@ -151,6 +152,7 @@ bool repack_x16(WeightType type, const uint8_t *src, int64_t rows, int64_t k, ui
 }
 
 void unpack_x16_row(WeightType type, const uint8_t *x16, int64_t k, int64_t row, uint8_t *out) {
+    if (type == WeightType::Q4_K || type == WeightType::Q6_K) return unpack_k16_row(type, x16, k, row, out);
     const Fields f = fields_of(type);
     const int64_t nb = k / QK32;
     for (int64_t b = 0; b < nb; ++b) {

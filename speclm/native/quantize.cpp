@@ -33,6 +33,19 @@ Activations Activations::in(void *mem, int ny, int64_t k) {
     return a;
 }
 
+// The largest of a register's eight floats, and the sum of its eight int32s.
+__attribute__((target(SPECLM_AVX2))) static inline float hmax(__m256 m) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+__attribute__((target(SPECLM_AVX2))) static inline int hsum(__m256i t) {
+    __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    u = _mm_add_epi32(u, _mm_unpackhi_epi64(u, u));
+    return _mm_cvtsi128_si32(_mm_add_epi32(u, _mm_shuffle_epi32(u, 1)));
+}
+
 // One block of quantize_rows with AVX2, the same float operations in the same order: |v| is maximal at
 // the first index whose |v| equals the maximum, and _mm256_cvtps_epi32 rounds half to even (the default
 // MXCSR) as nearest_int does for |v| <= 127.
@@ -40,9 +53,7 @@ __attribute__((target(SPECLM_AVX2))) static void quantize_block_avx2(const float
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 m = _mm256_setzero_ps();
     for (int i = 0; i < QK; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float amax = hmax(m);
     if (amax == 0) {
         std::memset(q, 0, QK);
         std::memset(bs, 0, 32);
@@ -66,11 +77,7 @@ __attribute__((target(SPECLM_AVX2))) static void quantize_block_avx2(const float
         for (int k = 0; k < 4; ++k)
             n[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(vs, _mm256_loadu_ps(v + 32 * g + 8 * k))), top);
         for (int h2 = 0; h2 < 2; ++h2) {  // the two 16-value sums
-            __m256i t = _mm256_add_epi32(n[2 * h2], n[2 * h2 + 1]);
-            __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-            u = _mm_add_epi32(u, _mm_unpackhi_epi64(u, u));
-            u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 1));
-            bs[2 * g + h2] = (int16_t)_mm_cvtsi128_si32(u);
+            bs[2 * g + h2] = (int16_t)hsum(_mm256_add_epi32(n[2 * h2], n[2 * h2 + 1]));
         }
         const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
         _mm256_storeu_si256((__m256i *)(q + 32 * g), _mm256_permutevar8x32_epi32(b, order));
@@ -142,19 +149,14 @@ __attribute__((target(SPECLM_AVX2))) static void quantize_block32_avx2(const flo
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 x[4], m = _mm256_setzero_ps();
     for (int k = 0; k < 4; ++k) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x[k] = _mm256_loadu_ps(v + 8 * k)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    const float amax = hmax(m);
     const float d = amax / 127.f, id = amax != 0 ? 127.f / amax : 0.f;
     const __m256 vid = _mm256_set1_ps(id);
     const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
     __m256i n[4];
     for (int k = 0; k < 4; ++k)
         n[k] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(x[k], vid)), hi), lo);
-    __m256i t = _mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3]));
-    __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-    u = _mm_add_epi32(u, _mm_unpackhi_epi64(u, u));
-    const int sum = _mm_cvtsi128_si32(_mm_add_epi32(u, _mm_shuffle_epi32(u, 1)));
+    const int sum = hsum(_mm256_add_epi32(_mm256_add_epi32(n[0], n[1]), _mm256_add_epi32(n[2], n[3])));
     const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     d_out = to_half(d);
