@@ -12,7 +12,8 @@ A configuration may carry settings of speclm's kernels after "@" (rows=LO-HI: SP
 isa=avx2: SPECLM_NATIVE_ISA), for its child only.
 
 It prints, per configuration, the median over rounds of each v(b) and of the prefill, and each
-one's ratio to the first configuration's; the CPU, the load average before and after.
+one's ratio to the first configuration's; the CPU, the load average before and after. --per-round
+adds each round's ratio, for differences smaller than the noise between minutes.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--blocks", default="", help="the block sizes to time (default: " + ",".join(map(str, BLOCKS)) + ")")
+    p.add_argument("--per-round", action="store_true",
+                   help="also print each round's ratio to the first configuration (its child ran next to it)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -85,6 +88,10 @@ def main() -> None:
                           for b in blocks)
         print(f"{c:<14} {cells}  prefill({args.prefill_tokens}) {pre:7.0f} ({pre / base[1]:.2f})  "
               f"[{found[c][0]['native']}; {found[c][0]['handled']} matmuls by speclm's kernels]")
+        if args.per_round and c != configs[0]:
+            print(" " * 15 + "  ".join(f"v({b}) ÷ first by round " + " ".join(
+                f"{run['v_ms'][str(b)] / first['v_ms'][str(b)]:.3f}" for run, first in zip(found[c], found[configs[0]]))
+                for b in blocks))
 
 
 if __name__ == "__main__":
