@@ -110,53 +110,6 @@ def test_activations_round_halves_to_even_and_take_the_first_largest_value(isa):
         assert_close(native.gemm(weight_type, raw, 512, x, isa), reference(weight_type, raw, x), f"{weight_type} {isa}")
 
 
-def scales_mins(sc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A Q4_K block's twelve scale bytes (..., 12) as its eight 6-bit scales and eight 6-bit mins."""
-    sc = sc.astype(np.int32)
-    lo = sc[..., 0:4] & 63, sc[..., 4:8] & 63
-    hi = (sc[..., 8:12] & 15) | ((sc[..., 0:4] >> 6) << 4), (sc[..., 8:12] >> 4) | ((sc[..., 4:8] >> 6) << 4)
-    return np.concatenate([lo[0], hi[0]], -1), np.concatenate([lo[1], hi[1]], -1)
-
-
-def pack_scales_mins(s: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """The inverse of scales_mins: eight 6-bit scales and mins (..., 8) as twelve bytes."""
-    return np.concatenate([s[..., :4] | ((s[..., 4:] >> 4) << 6), m[..., :4] | ((m[..., 4:] >> 4) << 6),
-                           (s[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)], -1).astype(np.uint8)
-
-
-def interleave_q4k(raw: np.ndarray) -> np.ndarray:
-    """Q4_K rows (rows x nb*144 bytes) as llama.cpp's CPU_REPACK lays them out on x86 (block_q4_Kx8):
-    for each eight rows and each block, the eight rows' d, then their dmin, then for each sub-block
-    the eight rows' scales and mins packed as a Q4_K block packs its own eight sub-blocks, then the
-    quant bytes eight at a time, row after row."""
-    rows, nb = raw.shape[0], raw.shape[1] // 144
-    blocks = raw.reshape(rows // 8, 8, nb, 144).transpose(0, 2, 1, 3)  # group, block, row, bytes
-    s, m = scales_mins(blocks[..., 4:16])  # group, block, row, sub-block
-    packed = pack_scales_mins(s.swapaxes(-1, -2), m.swapaxes(-1, -2))  # group, block, sub-block, 12
-    qs = blocks[..., 16:].reshape(rows // 8, nb, 8, 16, 8).transpose(0, 1, 3, 2, 4)  # group, block, i, row, 8
-    out = np.concatenate([blocks[..., 0:2].reshape(rows // 8, nb, 16), blocks[..., 2:4].reshape(rows // 8, nb, 16),
-                          packed.reshape(rows // 8, nb, 96), qs.reshape(rows // 8, nb, 1024)], -1)
-    return out.reshape(rows, -1)  # same bytes per row as the plain layout, only moved
-
-
-@pytest.mark.parametrize("isa", isas())
-def test_the_interleaved_layout_gives_the_plain_layouts_floats(isa):
-    # the interleaved kernels read CPU_REPACK's layout and sum in the plain kernels' order
-    rng = np.random.default_rng(3)
-    raw = random_blocks("q4_K", 24, 768, rng)
-    inter = interleave_q4k(raw)
-    for ny in list(range(1, 65)) + [65, 130]:
-        x = rng.standard_normal((ny, 768)).astype(np.float32)
-        np.testing.assert_array_equal(native.gemm("q4_K_x8", inter, 768, x, isa), native.gemm("q4_K", raw, 768, x, isa),
-                                      err_msg=f"{isa} {ny} rows")
-
-
-def test_the_interleaved_layout_needs_rows_in_eights():
-    raw = interleave_q4k(random_blocks("q4_K", 8, 256, np.random.default_rng(4)))[:7]
-    with pytest.raises(ValueError, match="refused q4_K_x8"):
-        native.gemm("q4_K_x8", raw, 256, np.ones((2, 256), np.float32), isas()[0])
-
-
 def shipped_tensors(model: str) -> list[tuple[str, str, np.ndarray, int]]:
     """(name, type, the first 48 rows' raw bytes, K) of each Q4_K/Q6_K matmul weight kind of a shipped model."""
     from speclm.models.catalog import resolve_model
@@ -185,8 +138,6 @@ def test_real_tensors_of_the_shipped_models_match_the_reference(model):
             for isa in isas():
                 got = native.gemm(weight_type, raw, k, x, isa)
                 assert_close(got, want, f"{model} {name} {isa} {ny} rows")
-                if weight_type == "q4_K":
-                    np.testing.assert_array_equal(native.gemm("q4_K_x8", interleave_q4k(raw), k, x, isa), got)
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:

@@ -104,7 +104,6 @@ class BuildInfo:
     amx: bool  # the AMX buffer type is compiled in (AMX_INT8 in the build's features)
     repack: bool
     speclm: str | None = None  # why speclm's own kernels cannot run in this process (None: they can)
-    speclm_repack: str | None = "not checked"  # why they cannot read CPU_REPACK's Q4_K layout (None: they can)
 
     def configs(self) -> list[KernelConfig]:
         """Every configuration this build can realise, llama.cpp's default first. speclm's
@@ -123,8 +122,6 @@ class BuildInfo:
             return "this llama.cpp build has no CPU_REPACK kernels"
         if family.startswith("speclm") and self.speclm is not None:
             return self.speclm
-        if family == "speclm-repack" and self.speclm_repack is not None:
-            return self.speclm_repack
         return None
 
 
@@ -137,7 +134,7 @@ def build_info() -> BuildInfo:
     flags = dict(re.findall(r"(\w+) = (\d+)", text))
     ours = native.status()
     return BuildInfo(text, flags.get("AMX_INT8") == "1", flags.get("REPACK") == "1",
-                     None if ours.available else ours.reason, native.interleaved_off())
+                     None if ours.available else ours.reason)
 
 
 # ---- process-wide settings ----------------------------------------------------------

@@ -30,11 +30,11 @@ ROWS_ENV = "SPECLM_NATIVE_ROWS"  # "LO-HI": the activation rows these kernels ta
 ISA_ENV = "SPECLM_NATIVE_ISA"  # "avx2": run the AVX2 kernels on an AVX-512 CPU (to measure them)
 ROWS = (2, 64)  # one-row decode stays on llama.cpp's kernels; prefill chunks past 64 rows too
 ISAS = {1: "avx2", 2: "avx512-vnni"}
-# q4_K_x8: eight rows interleaved as CPU_REPACK does; q4_0 .. iq4_nl: the 32-value block formats, their
+# q4_0 .. iq4_nl: the 32-value block formats, their
 # activations quantised per 32 values as ggml's Q8_0 does (quant_gemm.h: Activations32)
 # q4_0_x16 .. iq4_nl_x16, q4_K_x16, q6_K_x16: those formats in speclm's interleaved layout (quant_gemm_q32x16.cpp,
 # quant_gemm_k16.cpp; `gemm` repacks the GGUF bytes it is given)
-WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_K_x8": 2, "q4_0": 3, "q4_1": 4, "q5_0": 5, "q8_0": 6, "iq4_nl": 7,
+WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_0": 3, "q4_1": 4, "q5_0": 5, "q8_0": 6, "iq4_nl": 7,
                 "q4_0_x16": 8, "q4_1_x16": 9, "q5_0_x16": 10, "q8_0_x16": 11, "iq4_nl_x16": 12,
                 "q4_K_x16": 13, "q6_K_x16": 14}
 
@@ -77,7 +77,6 @@ def _load() -> ctypes.CDLL | str:
     lib.speclm_kernels_isa.argtypes = [ctypes.c_int]
     lib.speclm_kernels_handled.restype = ctypes.c_long
     lib.speclm_kernels_interleaved.argtypes = [ctypes.c_int]
-    lib.speclm_kernels_interleaved_off.restype = ctypes.c_char_p
     lib.speclm_gemm.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.speclm_gemm.restype = ctypes.c_double
@@ -133,10 +132,8 @@ def register(llama_lib_dir: Path) -> Status:
     loaded.speclm_kernels_rows(lo, hi)
     _lib = loaded
     isa = force_isa(wanted) if wanted else ISAS.get(loaded.speclm_kernels_isa(0), "?")
-    off = interleaved_off()
-    q4k = ("weights in ggml's layout (speclm) or speclm's X16 (speclm-repack: every row count)"
-           if off is None else f"weights in ggml's layout only: {off}")
-    _status = Status(True, f"{isa} for {lo}-{hi} rows; {q4k}", isa)
+    _status = Status(True, f"{isa} for {lo}-{hi} rows; weights in ggml's layout (speclm) or speclm's X16 "
+                     "(speclm-repack: every row count)", isa)
     return _status
 
 
@@ -149,29 +146,19 @@ def status() -> Status:
 def claiming(on: bool, interleaved: bool = False):
     """Models loaded inside put their Q4_K/Q6_K and 32-value-format (Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL)
     matmul weights in speclm's buffer (on) or not;
-    interleaved: the weights with rows in sixteens in speclm's X16 layout (`speclm-repack`; see
-    `interleaved_off`)."""
+    interleaved: the weights with rows in sixteens in speclm's X16 layout (`speclm-repack`)."""
     if _lib is None:
         if on:
             raise RuntimeError(f"speclm's kernels are not available: {status().reason}")
         yield
         return
     if on:
-        layout = _lib.speclm_kernels_interleaved(int(interleaved))  # -1: the layout is off here
-        if interleaved and layout != 1:
-            raise RuntimeError(f"speclm's kernels cannot read CPU_REPACK's layout here: {interleaved_off()}")
+        _lib.speclm_kernels_interleaved(int(interleaved))
     _lib.speclm_kernels_claim(int(on))
     try:
         yield
     finally:
         _lib.speclm_kernels_claim(0)
-
-
-def interleaved_off() -> str | None:
-    """Why speclm's kernels cannot keep Q4_K weights in CPU_REPACK's layout here (None: they can)."""
-    if _lib is None:
-        return status().reason
-    return _lib.speclm_kernels_interleaved_off().decode("utf-8", "replace") or None
 
 
 def handled() -> int:
@@ -208,8 +195,7 @@ def repack_x16(weight_type: str, blocks: np.ndarray, k: int, back: bool = False)
 
 def gemm(weight_type: str, blocks: np.ndarray, k: int, x: np.ndarray, isa: str, reps: int = 0) -> np.ndarray | float:
     """out[j, r] = W[r] . x[j] by speclm's kernels, outside llama.cpp (tests): `blocks` holds the
-    weight rows' raw GGUF bytes (rows x bytes per row; q4_K_x8: the same bytes interleaved eight rows
-    at a time, as CPU_REPACK lays them out; the _x16 types: GGUF bytes, repacked here first), x is
+    weight rows' raw GGUF bytes (rows x bytes per row; the _x16 types: GGUF bytes, repacked here first), x is
     (rows, k) float32. reps > 0: return the fastest of `reps` runs' thread CPU time in seconds instead
     (x's quantisation and the repacking not counted)."""
     lib = _library()

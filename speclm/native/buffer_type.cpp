@@ -7,16 +7,14 @@
 // configuration: a matmul its kernels decline (a row count outside the range) runs ggml's vec_dot on
 // the same bytes. CPU_SPECLM_X16 holds them with rows in sixteens in speclm's interleaved layout (X16:
 // its buffers repack each weight as it is set), for `speclm-repack`, and computes every matmul on them,
-// one row included. CPU_SPECLM_Q4KX8 holds the Q4_K weights X16 cannot (rows in eights, not sixteens)
-// as ggml's CPU_REPACK lays them out (its buffer, relabelled), its declined matmuls going to
-// CPU_REPACK's kernels. docs/kernels.md#speclms-kernels explains the contract.
+// one row included; on `speclm-repack` the weights it cannot take stay in CPU_SPECLM.
+// docs/kernels.md#speclms-kernels explains the contract.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <string>
 #include <vector>
 
 #include "ggml_link.h"
@@ -40,10 +38,8 @@ bool weight_type(int ggml_type, speclm::WeightType &out) {
     }
 }
 
-buffer_type our_type, our_x8_type, our_x16_type;
-buffer_type *repack_type = nullptr;  // ggml's CPU_REPACK, where Q4_K weights are interleaved
-std::atomic<bool> interleaved{false};  // Q4_K weights go to our_x8_type (else to our_type, ggml's layout)
-std::string interleaved_off = "not registered";
+buffer_type our_type, our_x16_type;
+std::atomic<bool> interleaved{false};  // weights with rows in sixteens go to our_x16_type (else to our_type)
 std::atomic<bool> claiming{false};
 std::atomic<int> min_rows{2}, max_rows{64};
 std::atomic<long> handled{0};
@@ -51,7 +47,6 @@ speclm::Isa isa = speclm::Isa::NONE;
 bool registered = false;
 
 bool in(const tensor *t, const buffer_type *type) { return t && t->buf && t->buf->buft == type; }
-bool is_ours(const tensor *t) { return in(t, &our_type) || in(t, &our_x8_type); }  // the row range applies
 
 bool shape_ok(const tensor *op) {
     const tensor *w = op->src[0], *x = op->src[1];
@@ -66,7 +61,7 @@ bool shape_ok(const tensor *op) {
 
 bool takes(const tensor *op) {
     int ny = (int)op->src[1]->ne[1];
-    return op->op == op_mul_mat && is_ours(op->src[0]) && shape_ok(op) && ny >= min_rows.load() &&
+    return op->op == op_mul_mat && in(op->src[0], &our_type) && shape_ok(op) && ny >= min_rows.load() &&
            ny <= max_rows.load();
 }
 
@@ -174,22 +169,6 @@ class Traits : public tensor_traits {  // weights in ggml's layout: declined mat
     }
 };
 
-// Weights CPU_REPACK interleaved: CPU_REPACK's own kernels (the tensor's extra) size the work buffer
-// (Q8_K activations, at least what run() needs) and compute every matmul these kernels decline.
-class TraitsX8 : public tensor_traits {
-  public:
-    bool work_size(int n, const tensor *op, size_t &size) override {
-        return repack_traits(op)->work_size(n, op, size);
-    }
-
-    bool compute_forward(compute_params *p, tensor *op) override {
-        return run(p, op, speclm::WeightType::Q4_K_X8) || repack_traits(op)->compute_forward(p, op);
-    }
-
-  private:
-    static tensor_traits *repack_traits(const tensor *op) { return (tensor_traits *)op->src[0]->extra; }
-};
-
 [[noreturn]] void die(const char *what, const tensor *t) {
     std::fprintf(stderr, "speclm: %s (%s); the X16 layout cannot serve it\n", what, t->name);
     std::abort();
@@ -214,11 +193,7 @@ class TraitsX16 : public tensor_traits {
 };
 
 Traits traits;
-TraitsX8 traits_x8;
 TraitsX16 traits_x16;
-
-// Whether CPU_REPACK interleaves this weight (x86: Q4_K with rows in eights), so our_x8_type may hold it.
-bool repack_interleaves(const tensor *w) { return w->type == TYPE_Q4_K && w->ne[1] % 8 == 0; }
 
 // llama.cpp asks at load time with a zero-size buffer of the type (claim only while claiming); later
 // asks are about weights already placed, which must keep their answer.
@@ -228,27 +203,13 @@ class Extra : public extra_buffer_type {  // CPU_SPECLM
   public:
     bool supports_op(void *, const tensor *op) override {
         if (op->op != op_mul_mat || !in(op->src[0], &our_type)) return false;
-        if (loading(op) && (!claiming.load() ||
-                            (interleaved.load() && (repack_interleaves(op->src[0]) || x16_able(op->src[0])))))
-            return false;  // not this model's, or for CPU_SPECLM_Q4KX8 / CPU_SPECLM_X16
+        if (loading(op) && (!claiming.load() || (interleaved.load() && x16_able(op->src[0]))))
+            return false;  // not this model's, or for CPU_SPECLM_X16
         return shape_ok(op);
     }
 
     tensor_traits *get_tensor_traits(const tensor *op) override {
         return op->op == op_mul_mat && in(op->src[0], &our_type) ? &traits : nullptr;
-    }
-};
-
-class ExtraX8 : public extra_buffer_type {  // CPU_SPECLM_Q4KX8
-  public:
-    bool supports_op(void *, const tensor *op) override {
-        if (op->op != op_mul_mat || !in(op->src[0], &our_x8_type)) return false;
-        if (loading(op) && !(claiming.load() && interleaved.load())) return false;
-        return repack_interleaves(op->src[0]) && shape_ok(op);
-    }
-
-    tensor_traits *get_tensor_traits(const tensor *op) override {
-        return op->op == op_mul_mat && in(op->src[0], &our_x8_type) ? &traits_x8 : nullptr;
     }
 };
 
@@ -266,7 +227,6 @@ class ExtraX16 : public extra_buffer_type {  // CPU_SPECLM_X16: MUL_MAT only (no
 };
 
 const char *type_get_name(buffer_type *) { return "CPU_SPECLM"; }
-const char *x8_type_get_name(buffer_type *) { return "CPU_SPECLM_Q4KX8"; }
 
 buffer *type_alloc_buffer(buffer_type *bt, size_t size) {
     buffer *b = g.buft_alloc_buffer(g.cpu_buffer_type(), size);
@@ -275,12 +235,6 @@ buffer *type_alloc_buffer(buffer_type *bt, size_t size) {
 }
 
 size_t type_get_alignment(buffer_type *) { return g.buft_get_alignment(g.cpu_buffer_type()); }
-
-buffer *x8_type_alloc_buffer(buffer_type *bt, size_t size) {
-    buffer *b = g.buft_alloc_buffer(repack_type, size);
-    if (b) b->buft = bt;  // CPU_REPACK's buffer (it repacks Q4_K weights as they are set), labelled as ours
-    return b;
-}
 
 // The X16 buffer's accessors: a weight is set whole (as llama.cpp loads it) and repacked on the way in;
 // reads give ggml's layout back, whole rows at a time.
@@ -314,38 +268,6 @@ buffer *x16_type_alloc_buffer(buffer_type *bt, size_t size) {
     return b;
 }
 
-// CPU_REPACK in the list, checked to interleave Q4_K as x8_row_block reads it (speclm-repack needs it for
-// the Q4_K weights X16 cannot take): eight rows of random
-// blocks set through ggml (which repacks them) must read back, row by row, as they were given.
-// Returns "" or why the interleaved kernels stay off (Q4_K weights then keep ggml's layout).
-std::string check_repack(std::vector<buffer_type *> &list) {
-    repack_type = nullptr;
-    for (buffer_type *t : list)
-        if (t && t->iface.get_name && std::strcmp(t->iface.get_name(t), "CPU_REPACK") == 0) repack_type = t;
-    if (!repack_type) return "llama.cpp has no CPU_REPACK buffer type in this build";
-    uint8_t blocks[8 * 144], back[144];
-    uint32_t seed = 12345;
-    for (uint8_t &byte : blocks) byte = (uint8_t)((seed = seed * 1664525u + 1013904223u) >> 24);
-    void *ctx = g.init({1 << 16, nullptr, true});
-    if (!ctx) return "ggml_init failed";
-    tensor *t = g.new_tensor_2d(ctx, TYPE_Q4_K, 256, 8);
-    buffer *buf = g.buft_alloc_buffer(repack_type, 4096);
-    std::string why;
-    if (!buf || g.tensor_alloc(buf, t, g.buffer_get_base(buf)) != 0 || !t->extra) {
-        why = "CPU_REPACK does not interleave Q4_K on this CPU";
-    } else {
-        g.tensor_set(t, blocks, 0, sizeof blocks);
-        for (int lane = 0; lane < 8 && why.empty(); ++lane) {
-            speclm::x8_row_block((const uint8_t *)t->data, lane, back);
-            if (std::memcmp(back, blocks + 144 * lane, 144) != 0)
-                why = "CPU_REPACK interleaves Q4_K differently from the layout speclm reads";
-        }
-    }
-    if (buf) g.buffer_free(buf);
-    g.free(ctx);
-    return why;
-}
-
 }  // namespace
 
 extern "C" {
@@ -359,28 +281,16 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     if (isa == speclm::Isa::NONE) return fail("this CPU lacks AVX2 and FMA"), -1;
     if (!resolve(lib_dir) || !abi_check()) return -1;
     static Extra extra;
-    static ExtraX8 extra_x8;
     static ExtraX16 extra_x16;
     our_type.iface = {type_get_name, type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
     our_type.device = g.reg_dev_get(g.cpu_reg(), 0);
     our_type.context = &extra;
+    our_x16_type.iface = {x16_type_get_name, x16_type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
+    our_x16_type.device = our_type.device;
+    our_x16_type.context = &extra_x16;
     auto &list = g.extra_buffer_types();
-    interleaved_off = check_repack(list);
-    if (repack_type) {
-        our_x8_type.iface = repack_type->iface;  // CPU_REPACK's type, but ours by name and by allocation
-        our_x8_type.iface.get_name = x8_type_get_name;
-        our_x8_type.iface.alloc_buffer = x8_type_alloc_buffer;
-        our_x8_type.device = our_type.device;
-        our_x8_type.context = &extra_x8;
-        list.insert(list.begin(), &our_x8_type);
-    }
     list.insert(list.begin(), &our_type);
-    if (repack_type) {  // the X16 layout belongs to `speclm-repack`, which needs CPU_REPACK's check too
-        our_x16_type.iface = {x16_type_get_name, x16_type_alloc_buffer, type_get_alignment, nullptr, nullptr, nullptr};
-        our_x16_type.device = our_type.device;
-        our_x16_type.context = &extra_x16;
-        list.insert(list.begin(), &our_x16_type);
-    }
+    list.insert(list.begin(), &our_x16_type);
     // llama.cpp reads the device's copy of the list, made once at the first model load
     using get_extra = buffer_type **(*)(void *);
     auto copy = reinterpret_cast<get_extra>(g.reg_get_proc_address(g.cpu_reg(), "ggml_backend_dev_get_extra_bufts"));
@@ -388,8 +298,7 @@ __attribute__((visibility("default"))) int speclm_kernels_register(const char *l
     for (buffer_type **t = copy ? copy(our_type.device) : nullptr; t && *t; ++t) seen |= *t == &our_type;
     if (!seen) {
         list.erase(std::find(list.begin(), list.end(), &our_type));
-        if (repack_type) list.erase(std::find(list.begin(), list.end(), &our_x8_type));
-        if (repack_type) list.erase(std::find(list.begin(), list.end(), &our_x16_type));
+        list.erase(std::find(list.begin(), list.end(), &our_x16_type));
         return fail("llama.cpp already listed its buffer types (a model was loaded before speclm's kernels "
                     "registered)"), -1;
     }
@@ -417,18 +326,15 @@ __attribute__((visibility("default"))) int speclm_kernels_isa(int force) {
 
 __attribute__((visibility("default"))) long speclm_kernels_handled() { return handled.load(); }
 
-// Whether models loaded from now on keep Q4_K weights interleaved by CPU_REPACK (on: 1, off: 0, ask: -1).
-// Returns the setting, or -1 if the interleaved kernels cannot run (the reason: speclm_kernels_interleaved_off).
+// Whether models loaded from now on put their weights with rows in sixteens in the X16 layout (on: 1,
+// off: 0, ask: -1). Returns the setting.
 __attribute__((visibility("default"))) int speclm_kernels_interleaved(int on) {
-    if (!interleaved_off.empty()) return -1;
     if (on >= 0) interleaved = on != 0;
     return interleaved.load() ? 1 : 0;
 }
 
-__attribute__((visibility("default"))) const char *speclm_kernels_interleaved_off() { return interleaved_off.c_str(); }
-
 // One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K;
-// type 0 Q4_K, 1 Q6_K, 2 Q4_K interleaved as CPU_REPACK does (nrows a multiple of 8); 3..7 Q4_0, Q4_1,
+// type 0 Q4_K, 1 Q6_K; 3..7 Q4_0, Q4_1,
 // Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32); 8..12 the same in the X16 layout and
 // 13, 14 Q4_K, Q6_K in it (speclm_repack_x16's output; nrows a multiple of 16).
 // reps > 0: compute it that many times and return the fastest one's thread CPU time in ns (the
@@ -439,7 +345,7 @@ __attribute__((visibility("default"))) const char *speclm_kernels_interleaved_of
 __attribute__((visibility("default"))) int speclm_repack_x16(int type, const void *src, int64_t rows, int64_t k,
                                                             void *dst, int out) {
     auto wt = (speclm::WeightType)type;
-    if (type < 0 || type > 7 || wt == speclm::WeightType::Q4_K_X8) return -1;
+    if (type < 0 || type > 7 || type == 2) return -1;
     if (out == 0) return speclm::repack_x16(wt, (const uint8_t *)src, rows, k, (uint8_t *)dst) ? 0 : -1;
     const int values = speclm::block_values(wt);
     if (rows % 16 || k % values || k <= 0) return -1;
@@ -451,10 +357,9 @@ __attribute__((visibility("default"))) int speclm_repack_x16(int type, const voi
 
 __attribute__((visibility("default"))) double speclm_gemm(int type, const void *w, int64_t nrows, int64_t k,
                                                          const float *x, int ny, float *out, int isa_, int reps) {
-    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 14) return -1;
+    if (ny < 1 || isa_ < 1 || isa_ > (int)speclm::best_isa() || type < 0 || type > 14 || type == 2) return -1;
     auto wt = (speclm::WeightType)type;
-    if (k % speclm::block_values(wt) || (wt == speclm::WeightType::Q4_K_X8 && nrows % 8) ||
-        (speclm::is_x16(wt) && nrows % 16))
+    if (k % speclm::block_values(wt) || (speclm::is_x16(wt) && nrows % 16))
         return -1;
     std::vector<uint8_t> mem(activation_bytes(wt, ny, k) + 64);
     Matmul mm(wt, (void *)(((uintptr_t)mem.data() + 63) & ~(uintptr_t)63), ny, k);

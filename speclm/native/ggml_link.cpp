@@ -63,8 +63,6 @@ bool resolve(const std::string &dir) {
            find(cpu, "ggml_barrier", g.barrier) && find(cpu, "ggml_threadpool_chunk_set", g.chunk_set) &&
            find(cpu, "ggml_threadpool_chunk_add", g.chunk_add) &&
            find(cpu, "_Z39ggml_backend_cpu_get_extra_buffer_typesv", g.extra_buffer_types) &&
-           find(base, "ggml_backend_tensor_alloc", g.tensor_alloc) && find(base, "ggml_backend_tensor_set", g.tensor_set) &&
-           find(base, "ggml_backend_buffer_get_base", g.buffer_get_base) &&
            find(cpu, "ggml_tiled_wdata_size", g.tiled_wdata_size);
 }
 

@@ -41,9 +41,6 @@ struct Ggml {
     void (*chunk_set)(void *, int);
     int (*chunk_add)(void *, int);
     std::vector<buffer_type *> &(*extra_buffer_types)();
-    int (*tensor_alloc)(buffer *, tensor *, void *);
-    void (*tensor_set)(tensor *, const void *, size_t, size_t);
-    void *(*buffer_get_base)(buffer *);
     size_t (*tiled_wdata_size)(int, tensor *);
 };
 

@@ -49,7 +49,7 @@ inline __m128i q4_k_scales_mins(const uint8_t *sc) {
 }
 
 // One Q4_K block's values, unpacked from its quant bytes (four 32-byte chunks), its scales and mins (as
-// q4_k_scales_mins gives them) and its d, dmin: shared by ggml's layout and the interleaved one.
+// q4_k_scales_mins gives them) and its d, dmin.
 __attribute__((target(SPECLM_AVX2))) inline void q4k_avx2(const __m256i q[4], __m128i sm, __m128 dd, __m256i w[8],
                                                          Scales2 &s, __m256i &bm, float &d, float &cb) {
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -79,66 +79,6 @@ struct Q4K {
         q4k_avx2(q, q4_k_scales_mins(blk + 4), two_halves(blk), w, s, bm, d, cb);
     }
 };
-
-// ---- Q4_K as ggml's CPU_REPACK lays it out on x86 (block_q4_Kx8) ---------------------------------
-// Eight rows' blocks b in one 1152-byte block: d[8], dmin[8] (f16), scales[96], qs[1024]. Row L's
-// quant bytes 8i..8i+7 sit at qs[64i + 8L]; its scales and mins for sub-block sb are packed, with the
-// seven other rows', in scales[12sb..12sb+11] the way a Q4_K block packs its own eight sub-blocks
-// (row L in the place of sub-block L). docs/kernels.md#the-interleaved-q4_k-layout.
-struct X8 {
-    static constexpr size_t bytes = 1152;
-    static constexpr int D = 0, DMIN = 16, SCALES = 32, QS = 128;
-};
-
-// The eight rows' scales and mins of one interleaved block, each as q4_k_scales_mins gives a row's.
-inline void x8_scales_mins(const uint8_t *blk, __m128i lanes[8]) {
-    __m128i r[8];  // r[sb]: the eight rows' scales for sub-block sb, then their mins
-    for (int sb = 0; sb < 8; ++sb) r[sb] = q4_k_scales_mins(blk + X8::SCALES + 12 * sb);
-    __m128i a[4], ah[4];  // (sb 2i, sb 2i+1) pairs per row: scales, mins
-    for (int i = 0; i < 4; ++i) {
-        a[i] = _mm_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
-        ah[i] = _mm_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
-    }
-    // rows 0..3 / 4..7, sub-blocks 0..3 / 4..7, four bytes a row
-    __m128i s03lo = _mm_unpacklo_epi16(a[0], a[1]), s03hi = _mm_unpackhi_epi16(a[0], a[1]);
-    __m128i s47lo = _mm_unpacklo_epi16(a[2], a[3]), s47hi = _mm_unpackhi_epi16(a[2], a[3]);
-    __m128i m03lo = _mm_unpacklo_epi16(ah[0], ah[1]), m03hi = _mm_unpackhi_epi16(ah[0], ah[1]);
-    __m128i m47lo = _mm_unpacklo_epi16(ah[2], ah[3]), m47hi = _mm_unpackhi_epi16(ah[2], ah[3]);
-    // two rows' eight scales (or mins) a register
-    __m128i s01 = _mm_unpacklo_epi32(s03lo, s47lo), s23 = _mm_unpackhi_epi32(s03lo, s47lo);
-    __m128i s45 = _mm_unpacklo_epi32(s03hi, s47hi), s67 = _mm_unpackhi_epi32(s03hi, s47hi);
-    __m128i m01 = _mm_unpacklo_epi32(m03lo, m47lo), m23 = _mm_unpackhi_epi32(m03lo, m47lo);
-    __m128i m45 = _mm_unpacklo_epi32(m03hi, m47hi), m67 = _mm_unpackhi_epi32(m03hi, m47hi);
-    lanes[0] = _mm_unpacklo_epi64(s01, m01), lanes[1] = _mm_unpackhi_epi64(s01, m01);
-    lanes[2] = _mm_unpacklo_epi64(s23, m23), lanes[3] = _mm_unpackhi_epi64(s23, m23);
-    lanes[4] = _mm_unpacklo_epi64(s45, m45), lanes[5] = _mm_unpackhi_epi64(s45, m45);
-    lanes[6] = _mm_unpacklo_epi64(s67, m67), lanes[7] = _mm_unpackhi_epi64(s67, m67);
-}
-
-// Rows 4h..4h+3's quant bytes of an interleaved block, q[r][c] = row 4h+r's bytes 32c..32c+31: each
-// chunk is one 4x4 transpose of 8-byte words (line 4c+i holds word i of every row's chunk c).
-__attribute__((target(SPECLM_AVX2))) inline void x8_quad(const uint8_t *blk, int h, __m256i q[4][4]) {
-    for (int c = 0; c < 4; ++c) {
-        const uint8_t *p = blk + X8::QS + 256 * c + 32 * h;
-        const __m256i a0 = _mm256_loadu_si256((const __m256i *)p), a1 = _mm256_loadu_si256((const __m256i *)(p + 64));
-        const __m256i a2 = _mm256_loadu_si256((const __m256i *)(p + 128));
-        const __m256i a3 = _mm256_loadu_si256((const __m256i *)(p + 192));
-        const __m256i t0 = _mm256_unpacklo_epi64(a0, a1), t1 = _mm256_unpackhi_epi64(a0, a1);
-        const __m256i t2 = _mm256_unpacklo_epi64(a2, a3), t3 = _mm256_unpackhi_epi64(a2, a3);
-        q[0][c] = _mm256_permute2x128_si256(t0, t2, 0x20);
-        q[1][c] = _mm256_permute2x128_si256(t1, t3, 0x20);
-        q[2][c] = _mm256_permute2x128_si256(t0, t2, 0x31);
-        q[3][c] = _mm256_permute2x128_si256(t1, t3, 0x31);
-    }
-}
-
-// Row `lane`'s d and dmin as floats.
-__attribute__((target(SPECLM_AVX2))) inline __m128 x8_halves(const uint8_t *blk, int lane) {
-    uint16_t d, m;
-    std::memcpy(&d, blk + X8::D + 2 * lane, 2);
-    std::memcpy(&m, blk + X8::DMIN + 2 * lane, 2);
-    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)(d | ((uint32_t)m << 16))));
-}
 
 struct Q6K {
     static constexpr size_t bytes = 210;
@@ -241,46 +181,6 @@ __attribute__((target(SPECLM_AVX2))) void gemm_avx2(const uint8_t *w, size_t w_r
             dot_rows_avx2(wv, s, bm, d, cb, act, b, j0, n, acc);
         }
         for (int j = 0; j < n; ++j) dst[(size_t)(j0 + j) * dst_stride + r] = hsum(acc[j]);
-    }
-}
-
-// The interleaved block PREFETCH bytes ahead, all of it.
-inline void prefetch_x8(const uint8_t *blk) {
-    const char *p = (const char *)blk + PREFETCH;
-    for (size_t off = 0; off < X8::bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-}
-
-// Interleaved Q4_K, eight weight rows (one group) at a time: r0 and r1 are multiples of 8. Each
-// output sums its blocks in the same order as gemm_avx2<Q4K>, so the two give identical floats.
-__attribute__((target(SPECLM_AVX2))) void gemm_x8_avx2(const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1,
-                                                       const Activations &act, int j0, int j1, float *dst,
-                                                       size_t dst_stride) {
-    Scales2 s;
-    __m256 acc[8][ROW_TILE];
-    const int n = j1 - j0;
-    for (int64_t g = r0 / 8; g < r1 / 8; ++g) {
-        for (int l = 0; l < 8; ++l)
-            for (int j = 0; j < n; ++j) acc[l][j] = _mm256_setzero_ps();
-        const uint8_t *group = w + g * 8 * w_row_bytes;
-        for (int b = 0; b < act.nb; ++b) {
-            const uint8_t *blk = group + b * X8::bytes;
-            prefetch_x8(blk);
-            __m128i sm[8];
-            x8_scales_mins(blk, sm);
-            for (int h = 0; h < 2; ++h) {
-                __m256i q[4][4];
-                x8_quad(blk, h, q);
-                for (int r = 0; r < 4; ++r) {
-                    const int l = 4 * h + r;
-                    __m256i wv[8], bm;
-                    float d, cb;
-                    q4k_avx2(q[r], sm[l], x8_halves(blk, l), wv, s, bm, d, cb);
-                    dot_rows_avx2(wv, s, bm, d, cb, act, b, j0, n, acc[l]);
-                }
-            }
-        }
-        for (int l = 0; l < 8; ++l)
-            for (int j = 0; j < n; ++j) dst[(size_t)(j0 + j) * dst_stride + g * 8 + l] = hsum(acc[l][j]);
     }
 }
 
@@ -401,42 +301,6 @@ __attribute__((target(SPECLM_AVX512))) void gemm_avx512(const uint8_t *w, size_t
     }
 }
 
-// Interleaved Q4_K on AVX-512: a group's rows two at a time, as gemm_avx512 pairs them.
-__attribute__((target(SPECLM_AVX512))) void gemm_x8_avx512(const uint8_t *w, size_t w_row_bytes, int64_t r0,
-                                                           int64_t r1, const Activations &act, int j0, int j1,
-                                                           float *dst, size_t dst_stride) {
-    __m256 acc[8][ROW_TILE];
-    const int n = j1 - j0;
-    for (int64_t g = r0 / 8; g < r1 / 8; ++g) {
-        for (int l = 0; l < 8; ++l)
-            for (int j = 0; j < n; ++j) acc[l][j] = _mm256_setzero_ps();
-        const uint8_t *group = w + g * 8 * w_row_bytes;
-        for (int b = 0; b < act.nb; ++b) {
-            const uint8_t *blk = group + b * X8::bytes;
-            prefetch_x8(blk);
-            __m128i sm[8];
-            x8_scales_mins(blk, sm);
-            const int8_t *y = act.row_qs(b, j0);
-            const int16_t *bs = act.row_bsums(b, j0);
-            const float *dy = &act.d[(size_t)b * act.ny + j0];
-            __m256i q[2][4][4];
-            x8_quad(blk, 0, q[0]);
-            x8_quad(blk, 1, q[1]);
-            for (int l = 0; l < 8; l += 2) {
-                Block512 u0, u1;
-                q4k_512(q[l / 4][l % 4], sm[l], x8_halves(blk, l), u0);
-                q4k_512(q[l / 4][l % 4 + 1], sm[l + 1], x8_halves(blk, l + 1), u1);
-                for (int j = 0; j < n; ++j) {
-                    acc[l][j] = row_block512(u0, y + QK * j, bs + 16 * j, dy + j, acc[l][j]);
-                    acc[l + 1][j] = row_block512(u1, y + QK * j, bs + 16 * j, dy + j, acc[l + 1][j]);
-                }
-            }
-        }
-        for (int l = 0; l < 8; ++l)
-            for (int j = 0; j < n; ++j) dst[(size_t)(j0 + j) * dst_stride + g * 8 + l] = hsum(acc[l][j]);
-    }
-}
-
 }  // namespace
 
 size_t weight_block_bytes(WeightType type) {
@@ -449,9 +313,8 @@ void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int
     if (is_k16(type)) return gemm_k16(type, w, w_row_bytes, r0, r1, act, dst, dst_stride, isa);
     using Kernel = void (*)(const uint8_t *, size_t, int64_t, int64_t, const Activations &, int, int, float *, size_t);
     const bool wide = isa == Isa::AVX512_VNNI;
-    Kernel kernel = type == WeightType::Q4_K   ? (wide ? gemm_avx512<Q4K> : gemm_avx2<Q4K>)
-                    : type == WeightType::Q6_K ? (wide ? gemm_avx512<Q6K> : gemm_avx2<Q6K>)
-                                               : (wide ? gemm_x8_avx512 : gemm_x8_avx2);
+    Kernel kernel = type == WeightType::Q4_K ? (wide ? gemm_avx512<Q4K> : gemm_avx2<Q4K>)
+                                             : (wide ? gemm_avx512<Q6K> : gemm_avx2<Q6K>);
     for (int j0 = 0; j0 < act.ny; j0 += ROW_TILE) {
         int j1 = act.ny < j0 + ROW_TILE ? act.ny : j0 + ROW_TILE;
         kernel(w, w_row_bytes, r0, r1, act, j0, j1, dst, dst_stride);
@@ -474,16 +337,6 @@ void q4k_pack_scales(const uint8_t scale[8], const uint8_t min[8], uint8_t q[12]
         q[j + 4] = (uint8_t)(min[j] | ((min[j + 4] >> 4) << 6));
         q[j + 8] = (uint8_t)((scale[j + 4] & 0xF) | ((min[j + 4] & 0xF) << 4));
     }
-}
-
-void x8_row_block(const uint8_t *x8, int lane, uint8_t out[144]) {
-    std::memcpy(out, x8 + X8::D + 2 * lane, 2);
-    std::memcpy(out + 2, x8 + X8::DMIN + 2 * lane, 2);
-    uint8_t s[8], m[8];  // the row's 6-bit scales and mins, sub-block by sub-block: the eight rows' of
-    for (int sb = 0; sb < 8; ++sb)  // sub-block sb are packed as a Q4_K block packs its sub-blocks
-        q4k_scale_min(lane, x8 + X8::SCALES + 12 * sb, s[sb], m[sb]);
-    q4k_pack_scales(s, m, out + 4);
-    for (int i = 0; i < 16; ++i) std::memcpy(out + 16 + 8 * i, x8 + X8::QS + 64 * i + 8 * lane, 8);
 }
 
 Isa best_isa() {

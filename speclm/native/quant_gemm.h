@@ -11,13 +11,12 @@
 
 namespace speclm {
 
-// Q4_K_X8: Q4_K weights as ggml's CPU_REPACK buffer lays them out on x86 (block_q4_Kx8: eight rows'
-// blocks interleaved); rows come in groups of eight, and the row size is still the Q4_K one.
-// Q4_0 .. IQ4_NL: ggml's 32-value block formats in ggml's layout (is_q32).
+// Q4_K, Q6_K, Q4_0 .. IQ4_NL: ggml's formats in ggml's layout (Q4_0 .. IQ4_NL: the 32-value block formats: is_q32).
 // Q4_0_X16 .. IQ4_NL_X16, Q4_K_X16, Q6_K_X16: those formats in speclm's interleaved layout (is_x16,
-// repack_x16): rows in groups of sixteen, the row size still the format's.
+// repack_x16): rows in groups of sixteen, the row size still the format's. The numbers are speclm_gemm's
+// (2 is unused).
 enum class WeightType : int {
-    Q4_K = 0, Q6_K = 1, Q4_K_X8 = 2, Q4_0 = 3, Q4_1 = 4, Q5_0 = 5, Q8_0 = 6, IQ4_NL = 7,
+    Q4_K = 0, Q6_K = 1, Q4_0 = 3, Q4_1 = 4, Q5_0 = 5, Q8_0 = 6, IQ4_NL = 7,
     Q4_0_X16 = 8, Q4_1_X16 = 9, Q5_0_X16 = 10, Q8_0_X16 = 11, IQ4_NL_X16 = 12, Q4_K_X16 = 13, Q6_K_X16 = 14
 };
 enum class Isa : int { NONE = 0, AVX2 = 1, AVX512_VNNI = 2 };
@@ -46,7 +45,7 @@ inline WeightType plain_of(WeightType x16) {
 }
 inline int block_values(WeightType type) { return is_q32(type) ? QK32 : QK; }
 
-// 144 (Q4_K and Q4_K_X8, per row), 210 (Q6_K), 18 (Q4_0, IQ4_NL), 20 (Q4_1), 22 (Q5_0), 34 (Q8_0)
+// 144 (Q4_K), 210 (Q6_K), 18 (Q4_0, IQ4_NL), 20 (Q4_1), 22 (Q5_0), 34 (Q8_0)
 size_t weight_block_bytes(WeightType type);
 size_t block_bytes32(WeightType type);  // the 32-value formats' (quant_gemm_q32.cpp declares each format once)
 
@@ -71,8 +70,7 @@ struct Activations {
 void quantize_rows(const float *x, size_t x_stride, int j0, int j1, Activations &act);
 
 // dst[j * dst_stride + r] = W[r] . x[j] for weight rows r in [r0, r1) and all act.ny rows; W's row r
-// starts at w + r * w_row_bytes (Q4_K_X8: group r / 8 at w + (r / 8) * 8 * w_row_bytes, and r0, r1 multiples
-// of 8). `isa` must be one the CPU has (best_isa()).
+// starts at w + r * w_row_bytes (Q4_K_X16, Q6_K_X16: gemm_k16). `isa` must be one the CPU has (best_isa()).
 void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int64_t r1, const Activations &act,
           float *dst, size_t dst_stride, Isa isa);
 
@@ -93,10 +91,6 @@ void q4k_pack_scales(const uint8_t scale[8], const uint8_t min[8], uint8_t q[12]
 inline void x16_move(bool back, uint8_t *x16, uint8_t *ggml, size_t n) {
     std::memcpy(back ? ggml : x16, back ? x16 : ggml, n);
 }
-
-// Row `lane` (0..7)'s block as a plain Q4_K block (144 bytes), from one interleaved block: the layout's
-// definition, in scalar code (the registration's check of ggml's repacking, and the tests').
-void x8_row_block(const uint8_t *x8, int lane, uint8_t out[144]);
 
 // The activations of `ny` rows for the 32-value formats, quantised per 32 values exactly as ggml's
 // x86 quantize_row_q8_0 / q8_1 do (the inputs of ggml's own vec_dot): d = amax / 127 rounded to f16,
