@@ -37,7 +37,7 @@ from ..errors import BackendError, InvalidRequestError, ModelError, SpeclmError,
 from ..machine import busy_cpus, busy_warning, cpu_flags, cpu_model
 from . import kernels as K
 
-PROBE_VERSION = 5  # 2: v(32) and v(64) timed too; 3: a prompt's prefill too; 4: speclm-repack holds the 32-value formats in X16; 5: and Q4_K, Q6_K (older verdicts: probed again)
+PROBE_VERSION = 6  # 2: v(32) and v(64) timed too; 3: a prompt's prefill too; 4: speclm-repack holds the 32-value formats in X16; 5: and Q4_K, Q6_K; 6: speclm's threads split a matmul in longer runs (older verdicts: probed again)
 PROBE_BLOCKS = (1, 2, 3, 8, 16)  # the forwards whose logits are checked
 # v(b) measured for each usable configuration: one stream's blocks up to 16, and a server's
 # steps (16 streams with 2 or 4 rows each), which per row cost less than 16 rows (docs/kernels.md)
