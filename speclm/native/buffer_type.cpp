@@ -81,16 +81,18 @@ bool x16_able(const tensor *w) {
     return x16_type(w, type);
 }
 
-// The weight rows a thread takes at a time: about a quarter of its share, in sixty-fours (X16 groups
-// and the AVX-512 kernels' row pairs stay whole). Each thread then streams long runs of contiguous
-// weights; 64-row chunks taken in turn cost 5-15 % at every row count, one-row decodes most
-// (docs/kernels.md#work-split), while four chunks a thread still let one thread take over from
-// another that a foreign process slows.
-int64_t chunk_rows(int64_t rows, int nth) {
-    constexpr int64_t unit = 64, per_thread = 4;
-    const int64_t share = (rows + per_thread * nth - 1) / (per_thread * nth);
-    return std::max(unit, (share + unit - 1) / unit * unit);
-}
+// A matmul's weight rows cut into chunks for ggml's threads: four a thread (fewer where the matrix has
+// fewer sixteen-row groups), as even as whole groups allow (X16 groups and the AVX-512 kernels' row
+// pairs stay whole). Each thread then streams long runs of contiguous weights: 64-row chunks taken in
+// turn cost 5-15 % at every row count, one-row decodes most (docs/kernels.md#work-split), while four
+// chunks a thread still let one thread take over from another that a foreign process slows.
+struct Chunks {
+    static constexpr int64_t GROUP = 16, PER_THREAD = 4;
+    int64_t rows, groups, count;
+    Chunks(int64_t rows_, int nth)
+        : rows(rows_), groups((rows_ + GROUP - 1) / GROUP), count(std::min(groups, PER_THREAD * nth)) {}
+    int64_t start(int64_t c) const { return std::min(rows, c * groups / count * GROUP); }  // c = count: rows
+};
 
 // The activations' bytes for a matmul of `type` (Q8_K-like for the k-quants, Activations32 else).
 size_t activation_bytes(speclm::WeightType type, int ny, int64_t k) {
@@ -135,11 +137,10 @@ bool run(compute_params *p, tensor *op, speclm::WeightType type, bool row_range 
     g.barrier(p->threadpool);
     // weight rows in chunks taken from ggml's shared counter, so a thread that another process slows
     // down leaves its share to the others instead of holding the step at the next barrier
-    const int64_t rows = w->ne[1], step = chunk_rows(rows, p->nth), chunks = (rows + step - 1) / step;
-    for (int64_t c = p->ith; c < chunks; c = g.chunk_add(p->threadpool, 1)) {
-        int64_t r0 = c * step, r1 = std::min(rows, r0 + step);
-        mm.gemm((const uint8_t *)w->data, w->nb[1], r0, r1, (float *)op->data, op->nb[1] / sizeof(float), isa);
-    }
+    const Chunks chunks(w->ne[1], p->nth);
+    for (int64_t c = p->ith; c < chunks.count; c = g.chunk_add(p->threadpool, 1))
+        mm.gemm((const uint8_t *)w->data, w->nb[1], chunks.start(c), chunks.start(c + 1), (float *)op->data,
+                op->nb[1] / sizeof(float), isa);
     if (p->ith == 0) handled.fetch_add(1, std::memory_order_relaxed);
     return true;
 }
