@@ -30,8 +30,8 @@ ROWS_ENV = "SPECLM_NATIVE_ROWS"  # "LO-HI": the activation rows these kernels ta
 ISA_ENV = "SPECLM_NATIVE_ISA"  # "avx2": run the AVX2 kernels on an AVX-512 CPU (to measure them)
 ROWS = (2, 64)  # one-row decode stays on llama.cpp's kernels; prefill chunks past 64 rows too
 ISAS = {1: "avx2", 2: "avx512-vnni"}
-# q4_0 .. iq4_nl: the 32-value block formats, their
-# activations quantised per 32 values as ggml's Q8_0 does (quant_gemm.h: Activations32)
+# q4_0 .. iq4_nl: the 32-value block formats, their activations quantised per 32 values as ggml's Q8_0
+# does (quant_gemm.h: Activations32); 2 is unused
 # q4_0_x16 .. iq4_nl_x16, q4_K_x16, q6_K_x16: those formats in speclm's interleaved layout (quant_gemm_q32x16.cpp,
 # quant_gemm_k16.cpp; `gemm` repacks the GGUF bytes it is given)
 WEIGHT_TYPES = {"q4_K": 0, "q6_K": 1, "q4_0": 3, "q4_1": 4, "q5_0": 5, "q8_0": 6, "iq4_nl": 7,
