@@ -84,8 +84,8 @@ bool x16_able(const tensor *w) {
 // A matmul's weight rows cut into chunks for ggml's threads: four a thread (fewer where the matrix has
 // fewer sixteen-row groups), as even as whole groups allow (X16 groups and the AVX-512 kernels' row
 // pairs stay whole). Each thread then streams long runs of contiguous weights: 64-row chunks taken in
-// turn cost 5-15 % at every row count, one-row decodes most (docs/kernels.md#work-split), while four
-// chunks a thread still let one thread take over from another that a foreign process slows.
+// turn cost 5-15 % at every row count, one-row decodes most (docs/kernels.md#work-split); one chunk a
+// thread would leave run()'s shared counter nothing to even out.
 struct Chunks {
     static constexpr int64_t GROUP = 16, PER_THREAD = 4;
     int64_t rows, groups, count;
@@ -335,9 +335,9 @@ __attribute__((visibility("default"))) int speclm_kernels_interleaved(int on) {
 }
 
 // One matmul outside llama.cpp (tests): out[j * nrows + r] = W[r] . x[j], x quantised as ggml's Q8_K;
-// type 0 Q4_K, 1 Q6_K; 3..7 Q4_0, Q4_1,
-// Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32); 8..12 the same in the X16 layout and
-// 13, 14 Q4_K, Q6_K in it (speclm_repack_x16's output; nrows a multiple of 16).
+// type 0 Q4_K, 1 Q6_K; 3..7 Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL with x quantised per 32 values (Activations32);
+// 8..12 the same in the X16 layout and 13, 14 Q4_K, Q6_K in it (speclm_repack_x16's output; nrows a
+// multiple of 16); 2 is unused.
 // reps > 0: compute it that many times and return the fastest one's thread CPU time in ns (the
 // quantisation of x not counted), to compare kernels on a shared machine.
 // `rows` rows of K values of format `type` (0, 1 or 3..7 as in speclm_gemm) in ggml's layout at src, in

@@ -48,35 +48,28 @@ inline __m128i q4_k_scales_mins(const uint8_t *sc) {
     return _mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]);  // scales 0..3, 4..7, mins 0..3, 4..7
 }
 
-// One Q4_K block's values, unpacked from its quant bytes (four 32-byte chunks), its scales and mins (as
-// q4_k_scales_mins gives them) and its d, dmin.
-__attribute__((target(SPECLM_AVX2))) inline void q4k_avx2(const __m256i q[4], __m128i sm, __m128 dd, __m256i w[8],
-                                                         Scales2 &s, __m256i &bm, float &d, float &cb) {
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    for (int c = 0; c < 4; ++c) {
-        w[2 * c] = _mm256_and_si256(q[c], low);
-        w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q[c], 4), low);
-    }
-    __m256i all = _mm256_cvtepu8_epi16(sm);  // 8 scales, 8 mins, int16
-    __m256i scales = _mm256_permute2x128_si256(all, all, 0x00), mins = _mm256_permute2x128_si256(all, all, 0x11);
-    for (int k = 0; k < 8; ++k)
-        s.s[k] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((2 * k) | ((2 * k + 1) << 8))));
-    const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
-                                           8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
-    bm = _mm256_shuffle_epi8(mins, pairs);  // lane 0: mins 0..3 doubled, lane 1: mins 4..7 doubled
-    d = _mm_cvtss_f32(dd);
-    cb = -_mm_cvtss_f32(_mm_movehdup_ps(dd));
-}
-
 struct Q4K {
     static constexpr size_t bytes = 144;
     // Q4_K block: d, dmin (f16), scales[12], qs[128]: values 64c..64c+31 in the low nibbles of
     // qs[32c..32c+31], 64c+32.. in the high ones; value = d * scale[v / 32] * q - dmin * min[v / 32].
     __attribute__((target(SPECLM_AVX2))) static inline void avx2(const uint8_t *blk, __m256i w[8], Scales2 &s,
                                                                  __m256i &bm, float &d, float &cb) {
-        __m256i q[4];
-        for (int c = 0; c < 4; ++c) q[c] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
-        q4k_avx2(q, q4_k_scales_mins(blk + 4), two_halves(blk), w, s, bm, d, cb);
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        for (int c = 0; c < 4; ++c) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
+            w[2 * c] = _mm256_and_si256(q, low);
+            w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        }
+        __m256i all = _mm256_cvtepu8_epi16(q4_k_scales_mins(blk + 4));  // 8 scales, 8 mins, int16
+        __m256i scales = _mm256_permute2x128_si256(all, all, 0x00), mins = _mm256_permute2x128_si256(all, all, 0x11);
+        for (int k = 0; k < 8; ++k)
+            s.s[k] = _mm256_shuffle_epi8(scales, _mm256_set1_epi16((short)((2 * k) | ((2 * k + 1) << 8))));
+        const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 2, 3, 2, 3, 4, 5, 4, 5, 6, 7, 6, 7,
+                                               8, 9, 8, 9, 10, 11, 10, 11, 12, 13, 12, 13, 14, 15, 14, 15);
+        bm = _mm256_shuffle_epi8(mins, pairs);  // lane 0: mins 0..3 doubled, lane 1: mins 4..7 doubled
+        const __m128 dd = two_halves(blk);
+        d = _mm_cvtss_f32(dd);
+        cb = -_mm_cvtss_f32(_mm_movehdup_ps(dd));
     }
 };
 
@@ -194,11 +187,14 @@ struct Block512 {
     __m256 vd, vcb;
 };
 
-__attribute__((target(SPECLM_AVX512))) inline void q4k_512(const __m256i q[4], __m128i sm, __m128 dd, Block512 &u) {
+__attribute__((target(SPECLM_AVX512))) inline void unpack512(const uint8_t *blk, Q4K, Block512 &u) {
     const __m512i low = _mm512_set1_epi8(0x0F);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);  // [0 | 4]
-    for (int c = 0; c < 4; ++c) u.w[c] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(q[c]), shift), low);
-    __m256i all = _mm256_cvtepu8_epi16(sm);  // 8 scales, 8 mins
+    for (int c = 0; c < 4; ++c) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
+        u.w[c] = _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(q), shift), low);
+    }
+    __m256i all = _mm256_cvtepu8_epi16(q4_k_scales_mins(blk + 4));  // 8 scales, 8 mins
     __m512i all512 = _mm512_castsi256_si512(all);
     for (int c = 0; c < 4; ++c) {  // [scale 2c x16 | scale 2c+1 x16]
         __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1);
@@ -206,14 +202,9 @@ __attribute__((target(SPECLM_AVX512))) inline void q4k_512(const __m256i q[4], _
     }
     const __m256i pairs = _mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
     u.bm = _mm256_permutexvar_epi16(pairs, all);
+    const __m128 dd = two_halves(blk);
     u.vd = _mm256_set1_ps(_mm_cvtss_f32(dd));
     u.vcb = _mm256_set1_ps(-_mm_cvtss_f32(_mm_movehdup_ps(dd)));
-}
-
-__attribute__((target(SPECLM_AVX512))) inline void unpack512(const uint8_t *blk, Q4K, Block512 &u) {
-    __m256i q[4];
-    for (int c = 0; c < 4; ++c) q[c] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
-    q4k_512(q, q4_k_scales_mins(blk + 4), two_halves(blk), u);
 }
 
 __attribute__((target(SPECLM_AVX512))) inline void unpack512(const uint8_t *blk, Q6K, Block512 &u) {
@@ -318,24 +309,6 @@ void gemm(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0, int
     for (int j0 = 0; j0 < act.ny; j0 += ROW_TILE) {
         int j1 = act.ny < j0 + ROW_TILE ? act.ny : j0 + ROW_TILE;
         kernel(w, w_row_bytes, r0, r1, act, j0, j1, dst, dst_stride);
-    }
-}
-
-void q4k_scale_min(int j, const uint8_t q[12], uint8_t &scale, uint8_t &min) {
-    if (j < 4) {
-        scale = q[j] & 63;
-        min = q[j + 4] & 63;
-    } else {
-        scale = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        min = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
-void q4k_pack_scales(const uint8_t scale[8], const uint8_t min[8], uint8_t q[12]) {
-    for (int j = 0; j < 4; ++j) {
-        q[j] = (uint8_t)(scale[j] | ((scale[j + 4] >> 4) << 6));
-        q[j + 4] = (uint8_t)(min[j] | ((min[j + 4] >> 4) << 6));
-        q[j + 8] = (uint8_t)((scale[j + 4] & 0xF) | ((min[j + 4] & 0xF) << 4));
     }
 }
 

@@ -82,11 +82,6 @@ void gemm_k16(WeightType type, const uint8_t *w, size_t w_row_bytes, int64_t r0,
 bool repack_k16(WeightType type, const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst);
 void unpack_k16_row(WeightType type, const uint8_t *x16, int64_t k, int64_t row, uint8_t *out);
 
-// Sub-block j's 6-bit scale and min from a Q4_K block's twelve scale bytes (ggml's get_scale_min_k4), and
-// eight of each packed back into twelve bytes.
-void q4k_scale_min(int j, const uint8_t q[12], uint8_t &scale, uint8_t &min);
-void q4k_pack_scales(const uint8_t scale[8], const uint8_t min[8], uint8_t q[12]);
-
 // One field of a block moved between ggml's layout and an X16 superblock: into it, or (back) out of it.
 inline void x16_move(bool back, uint8_t *x16, uint8_t *ggml, size_t n) {
     std::memcpy(back ? ggml : x16, back ? x16 : ggml, n);

@@ -66,6 +66,26 @@ inline int32_t int_at(const void *p) {
     return v;
 }
 
+// Sub-block j's 6-bit scale and min from a Q4_K block's twelve scale bytes (ggml's get_scale_min_k4), and
+// eight of each packed back into twelve bytes.
+void q4k_scale_min(int j, const uint8_t q[12], uint8_t &scale, uint8_t &min) {
+    if (j < 4) {
+        scale = q[j] & 63;
+        min = q[j + 4] & 63;
+    } else {
+        scale = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        min = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+void q4k_pack_scales(const uint8_t scale[8], const uint8_t min[8], uint8_t q[12]) {
+    for (int j = 0; j < 4; ++j) {
+        q[j] = (uint8_t)(scale[j] | ((scale[j + 4] >> 4) << 6));
+        q[j + 4] = (uint8_t)(min[j] | ((min[j + 4] >> 4) << 6));
+        q[j + 8] = (uint8_t)((scale[j + 4] & 0xF) | ((min[j + 4] & 0xF) << 4));
+    }
+}
+
 // Row r's ggml block `blk` into superblock `sb`, or (back) the other way.
 void place_q4k(uint8_t *sb, int r, uint8_t *blk, bool back) {
     auto move = [back](uint8_t *x16, uint8_t *ggml, size_t n) { x16_move(back, x16, ggml, n); };
